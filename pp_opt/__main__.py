@@ -1,0 +1,4 @@
+from pp_opt.cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""The ``pp-opt`` command line. Each command group lives in its own module and registers here."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+import typer
+
+from pp_opt.errors import PPOptError
+
+app = typer.Typer(
+    name="pp-opt",
+    help="Pipeline-parallel schedule optimizer: profile, solve, compare, validate, export.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# Modules that define ``register(app)``; each adds its commands.
+_COMMAND_MODULES = ("pp_opt.cli.core",)
+
+for _name in _COMMAND_MODULES:
+    importlib.import_module(_name).register(app)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: errors pp_opt raises on purpose become one line and a non-zero exit."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except PPOptError as err:
+        typer.echo(f"error: {err}", err=True)
+        sys.exit(err.exit_code)
+    except click.exceptions.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as err:
+        err.show()
+        sys.exit(err.exit_code)
+    except click.exceptions.Exit as err:
+        sys.exit(err.exit_code)

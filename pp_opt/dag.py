@@ -1,0 +1,99 @@
+"""The op DAG of one training iteration: the single source of every dependency.
+
+Nodes are :class:`~pp_opt.ops.OpKey`; each carries ``kind``, ``stage``,
+``microbatch``, ``device``, ``stream``, ``duration`` (of a whole-activation
+copy for offload ops), ``mem_start``/``mem_end`` (without recompute) and
+``optional`` (offload, reload and recompute ops exist only where chosen).
+Edges carry ``latency``: ``t_comm`` between devices, 0 on one device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import networkx as nx
+
+from pp_opt.ops import OpKey, OpKind, duration, memory_delta, stream_of
+from pp_opt.problem import Problem
+
+
+def build_dag(
+    problem: Problem,
+    *,
+    split_backward: bool | None = None,
+    offload: bool | None = None,
+    recompute: bool | None = None,
+) -> nx.DiGraph:
+    """Every op of one iteration and the edges between them (DESIGN.md §3).
+
+    The keyword switches override the problem's own (baselines run a fused
+    backward whatever the problem says, for example).
+    """
+    split = problem.split_backward if split_backward is None else split_backward
+    with_offload = problem.offload if offload is None else offload
+    with_recompute = problem.recompute if recompute is None else recompute
+    back = OpKind.B if split else OpKind.BW
+    last = problem.num_stages - 1
+
+    dag = nx.DiGraph(problem=problem, split_backward=split, offload=with_offload,
+                     recompute=with_recompute)  # fmt: skip
+    for s in range(problem.num_stages):
+        kinds = [OpKind.F, back]
+        if split:
+            kinds.append(OpKind.W)
+        if with_offload:
+            kinds += [OpKind.OFFLOAD, OpKind.RELOAD]
+        if with_recompute:
+            kinds.append(OpKind.R)
+        for j in range(problem.m):
+            for kind in kinds:
+                _add_op(dag, problem, OpKey(kind, s, j))
+
+    def link(u: OpKey, w: OpKey) -> None:
+        cross = problem.device_of(u.stage) != problem.device_of(w.stage)
+        dag.add_edge(u, w, latency=problem.t_comm if cross else 0.0)
+
+    for j in range(problem.m):
+        for s in range(problem.num_stages):
+            if s > 0:
+                link(OpKey(OpKind.F, s - 1, j), OpKey(OpKind.F, s, j))
+            if s < last:
+                link(OpKey(back, s + 1, j), OpKey(back, s, j))
+            else:
+                link(OpKey(OpKind.F, s, j), OpKey(back, s, j))
+            if split:
+                link(OpKey(OpKind.B, s, j), OpKey(OpKind.W, s, j))
+            if with_offload:
+                link(OpKey(OpKind.F, s, j), OpKey(OpKind.OFFLOAD, s, j))
+                link(OpKey(OpKind.OFFLOAD, s, j), OpKey(OpKind.RELOAD, s, j))
+                link(OpKey(OpKind.RELOAD, s, j), OpKey(back, s, j))
+            if with_recompute:
+                link(OpKey(OpKind.F, s, j), OpKey(OpKind.R, s, j))
+                link(OpKey(OpKind.R, s, j), OpKey(back, s, j))
+    return dag
+
+
+def _add_op(dag: nx.DiGraph, problem: Problem, key: OpKey) -> None:
+    mem_start, mem_end = memory_delta(problem, key.kind, key.stage)
+    dag.add_node(
+        key,
+        kind=key.kind,
+        stage=key.stage,
+        microbatch=key.microbatch,
+        device=problem.device_of(key.stage),
+        stream=stream_of(key.kind),
+        duration=duration(problem, key.kind, key.stage),
+        mem_start=mem_start,
+        mem_end=mem_end,
+        optional=key.kind in (OpKind.OFFLOAD, OpKind.RELOAD, OpKind.R),
+    )
+
+
+def required_ops(dag: nx.DiGraph) -> list[OpKey]:
+    """Ops every schedule must contain (all but offload, reload and recompute)."""
+    return [k for k, data in dag.nodes(data=True) if not data["optional"]]
+
+
+def restrict(dag: nx.DiGraph, present: Iterable[OpKey]) -> nx.DiGraph:
+    """The sub-DAG of the ops a schedule actually contains (edges among them kept)."""
+    return dag.subgraph(set(present))

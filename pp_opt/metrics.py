@@ -1,0 +1,79 @@
+"""Metrics of DESIGN.md §4 and memory over time, computed from timed ops."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pp_opt.ops import OpKind, Stream, memory_delta
+from pp_opt.problem import Problem
+from pp_opt.schedule import Metrics, ScheduledOp
+
+
+def recomputed_pairs(ops: Iterable[ScheduledOp]) -> set[tuple[int, int]]:
+    """(stage, microbatch) pairs whose forward is recomputed (they have an ``R`` op)."""
+    return {(op.stage, op.microbatch) for op in ops if op.kind is OpKind.R}
+
+
+def memory_events(problem: Problem, ops: Iterable[ScheduledOp]) -> list[list[tuple[float, float]]]:
+    """Per device, ``(time, delta)`` events sorted so frees at a time come before allocations."""
+    ops = list(ops)
+    recomputed = recomputed_pairs(ops)
+    events: list[list[tuple[float, float]]] = [[] for _ in range(problem.p)]
+    for op in ops:
+        at_start, at_end = memory_delta(
+            problem,
+            op.kind,
+            op.stage,
+            fraction=op.fraction,
+            recomputed=(op.stage, op.microbatch) in recomputed,
+        )
+        device = problem.device_of(op.stage)
+        if at_start:
+            events[device].append((op.start, at_start))
+        if at_end:
+            events[device].append((op.end, at_end))
+    for row in events:
+        row.sort()  # at equal times the negative deltas (frees) sort first
+    return events
+
+
+def memory_profile(problem: Problem, ops: Iterable[ScheduledOp]) -> list[list[tuple[float, float]]]:
+    """Per device, the step function ``(time, level)`` of static plus activation memory."""
+    profiles = []
+    for device, events in enumerate(memory_events(problem, ops)):
+        level = problem.devices[device].static
+        steps = [(0.0, level)]
+        for time, delta in events:
+            level += delta
+            if steps and steps[-1][0] == time:
+                steps[-1] = (time, level)
+            else:
+                steps.append((time, level))
+        profiles.append(steps)
+    return profiles
+
+
+def peak_memory(problem: Problem, ops: Iterable[ScheduledOp]) -> list[float]:
+    return [max(level for _, level in steps) for steps in memory_profile(problem, ops)]
+
+
+def compute_metrics(problem: Problem, ops: Iterable[ScheduledOp]) -> Metrics:
+    ops = list(ops)
+    if not ops:
+        raise ValueError("a schedule without ops has no metrics")
+    first = min(op.start for op in ops)
+    makespan = max(op.end for op in ops) - first
+    span, busy = [], []
+    for device in range(problem.p):
+        own = [op for op in ops if problem.device_of(op.stage) == device]
+        span.append(max(op.end for op in own) - min(op.start for op in own) if own else 0.0)
+        busy.append(sum(op.end - op.start for op in own if op.stream is Stream.COMPUTE))
+    longest = max(span)
+    return Metrics(
+        makespan=makespan,
+        span=span,
+        bubble_rate=(longest - max(busy)) / longest if longest > 0 else 0.0,
+        idle_fraction=1.0 - sum(busy) / (problem.p * makespan) if makespan > 0 else 0.0,
+        peak_memory=peak_memory(problem, ops),
+        busy=busy,
+    )

@@ -1,0 +1,48 @@
+"""Stage-to-device maps: ``loop`` (interleaved), ``v`` (two chunks per device), or explicit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pp_opt.errors import ProblemError
+
+PLACEMENTS = ("loop", "v")
+
+
+def stage_devices(placement: str | Sequence[int], p: int, v: int) -> tuple[int, ...]:
+    """Device of each stage, for a named placement or an explicit list."""
+    if p < 1:
+        raise ProblemError("p", f"got {p}; the number of devices must be at least 1")
+    if isinstance(placement, str):
+        if placement == "loop":
+            if v < 1:
+                raise ProblemError("v", f"got {v}; chunks per device must be at least 1")
+            return tuple(s % p for s in range(p * v))
+        if placement == "v":
+            if v != 2:
+                raise ProblemError(
+                    "v", f"got {v}; the 'v' placement has exactly 2 chunks per device, set v = 2"
+                )
+            return tuple(s if s < p else 2 * p - 1 - s for s in range(2 * p))
+        raise ProblemError(
+            "placement", f"unknown placement {placement!r}; use 'loop', 'v' or a list of devices"
+        )
+    devices = tuple(int(d) for d in placement)
+    if not devices:
+        raise ProblemError("placement", "the explicit stage-to-device list is empty")
+    bad = [d for d in devices if not 0 <= d < p]
+    if bad:
+        raise ProblemError(
+            "placement", f"device {bad[0]} is outside 0..{p - 1}; every entry must be a device"
+        )
+    missing = sorted(set(range(p)) - set(devices))
+    if missing:
+        raise ProblemError(
+            "placement", f"device {missing[0]} holds no stage; give every device one"
+        )
+    return devices
+
+
+def chunks_per_device(devices: Sequence[int], p: int) -> int:
+    """The largest number of stages any device holds (``v`` of an explicit placement)."""
+    return max(sum(1 for d in devices if d == k) for k in range(p))

@@ -1,0 +1,256 @@
+"""Problems to and from plain dicts, TOML problem files and JSON; re-splitting into chunks."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pp_opt.errors import ProblemError
+from pp_opt.placement import PLACEMENTS, stage_devices
+from pp_opt.problem import Device, Problem, Stage
+
+STAGE_KEYS = ("t_f", "t_b", "t_w", "t_bw", "m_b", "m_w", "m_in", "t_offload", "t_reload")
+DEVICE_KEYS = ("cap", "static")
+TOP_KEYS = (
+    "name", "p", "m", "placement", "v", "t_comm", "objective", "unit", "split_backward",
+    "offload", "recompute", "host_links", "stage", "stages", "device", "devices",
+)  # fmt: skip
+_ADDITIVE = ("t_f", "t_b", "t_w", "m_b", "m_w", "t_offload", "t_reload")
+
+
+def _reject_unknown(where: str, data: Mapping[str, Any], allowed: Sequence[str]) -> None:
+    for key in data:
+        if key not in allowed:
+            raise ProblemError(
+                f"{where}{key}", f"unknown key; allowed keys are {', '.join(allowed)}"
+            )
+
+
+def _typed(field: str, value: Any, kind: type) -> Any:
+    if kind is bool and not isinstance(value, bool):
+        raise ProblemError(field, f"got {value!r}; expected true or false")
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ProblemError(field, f"got {value!r}; expected an integer")
+    if kind is str and not isinstance(value, str):
+        raise ProblemError(field, f"got {value!r}; expected a string")
+    return value
+
+
+def _stage(where: str, values: Mapping[str, Any], device: int) -> Stage:
+    _reject_unknown(where, values, (*STAGE_KEYS, "device"))
+    missing = [k for k in ("t_f", "t_b", "t_w") if k not in values]
+    if missing:
+        raise ProblemError(f"{where}{missing[0]}", "missing; every stage needs t_f, t_b and t_w")
+    kwargs = {k: values[k] for k in STAGE_KEYS if k in values}
+    try:
+        return Stage(device=device, **kwargs)
+    except ProblemError as err:
+        raise ProblemError(f"{where}{err.field}", str(err).split(": ", 1)[1]) from None
+
+
+def _device(where: str, values: Mapping[str, Any]) -> Device:
+    _reject_unknown(where, values, DEVICE_KEYS)
+    if "cap" not in values:
+        raise ProblemError(f"{where}cap", "missing; give each device a memory cap")
+    try:
+        return Device(**values)
+    except ProblemError as err:
+        raise ProblemError(f"{where}{err.field}", str(err).split(": ", 1)[1]) from None
+
+
+def problem_from_spec(spec: Mapping[str, Any]) -> Problem:
+    """Build a problem from a hand-written spec (the TOML layout; see examples/small.toml)."""
+    _reject_unknown("", spec, TOP_KEYS)
+    for key in ("p", "m"):
+        if key not in spec:
+            raise ProblemError(key, "missing; a problem needs p (devices) and m (microbatches)")
+    p = _typed("p", spec["p"], int)
+    m = _typed("m", spec["m"], int)
+    raw_placement = spec.get("placement", "loop")
+    if isinstance(raw_placement, list):
+        devices_of = stage_devices(raw_placement, p, 1)
+        placement = "explicit"
+    else:
+        placement = _typed("placement", raw_placement, str)
+        default_v = 2 if placement == "v" else 1
+        devices_of = stage_devices(placement, p, _typed("v", spec.get("v", default_v), int))
+    stage_default = dict(spec.get("stage", {}))
+    per_stage = list(spec.get("stages", []))
+    if per_stage and len(per_stage) != len(devices_of):
+        raise ProblemError(
+            "stages", f"got {len(per_stage)} entries for {len(devices_of)} stages; give one each"
+        )
+    stages = []
+    for s, d in enumerate(devices_of):
+        values = {**stage_default, **(per_stage[s] if per_stage else {})}
+        if "device" in values and values.pop("device") != d:
+            raise ProblemError(f"stages[{s}].device", "disagrees with placement; set placement")
+        stages.append(_stage("stage." if not per_stage else f"stages[{s}].", values, d))
+    dev_default = dict(spec.get("device", {}))
+    if "cap" not in dev_default and not spec.get("devices"):
+        # Default cap: 2p activations of a whole device (the ZB-2p budget), plus static memory.
+        per_device_m_b = max(sum(st.m_b for st in stages if st.device == d) for d in range(p))
+        dev_default["cap"] = 2 * p * per_device_m_b + dev_default.get("static", 0.0)
+    per_device = list(spec.get("devices", []))
+    if per_device and len(per_device) != p:
+        raise ProblemError("devices", f"got {len(per_device)} entries for p = {p}; give one each")
+    devices = [
+        _device(
+            "device." if not per_device else f"devices[{d}].",
+            {**dev_default, **(per_device[d] if per_device else {})},
+        )
+        for d in range(p)
+    ]
+    host_links = spec.get("host_links", [])
+    if not isinstance(host_links, list) or not all(isinstance(g, list) for g in host_links):
+        raise ProblemError("host_links", "expected a list of device lists, e.g. [[0, 1], [2, 3]]")
+    return Problem(
+        p=p,
+        m=m,
+        stages=tuple(stages),
+        devices=tuple(devices),
+        placement=placement,
+        t_comm=spec.get("t_comm", 0.0),
+        host_links=tuple(tuple(_typed("host_links", d, int) for d in g) for g in host_links),
+        split_backward=_typed("split_backward", spec.get("split_backward", True), bool),
+        offload=_typed("offload", spec.get("offload", False), bool),
+        recompute=_typed("recompute", spec.get("recompute", False), bool),
+        objective=_typed("objective", spec.get("objective", "makespan"), str),
+        unit=_typed("unit", spec.get("unit", "m_b"), str),
+        name=_typed("name", spec.get("name", ""), str),
+    )
+
+
+def problem_to_dict(problem: Problem) -> dict[str, Any]:
+    """The JSON form of DESIGN.md §5 (the ``problem`` object of a schedule)."""
+    stages = []
+    for st in problem.stages:
+        row: dict[str, Any] = {"device": st.device, "t_f": st.t_f, "t_b": st.t_b, "t_w": st.t_w}
+        if st.t_bw is not None:
+            row["t_bw"] = st.t_bw
+        row.update(m_b=st.m_b, m_w=st.m_w, m_in=st.m_in)
+        row.update(t_offload=st.t_offload, t_reload=st.t_reload)
+        stages.append(row)
+    out: dict[str, Any] = {
+        "name": problem.name,
+        "p": problem.p,
+        "m": problem.m,
+        "placement": problem.placement,
+        "v": problem.v,
+        "objective": problem.objective,
+        "unit": problem.unit,
+        "stages": stages,
+        "t_comm": problem.t_comm,
+        "devices": [{"cap": d.cap, "static": d.static} for d in problem.devices],
+        "host_links": [list(g) for g in problem.host_links],
+        "split_backward": problem.split_backward,
+        "offload": problem.offload,
+        "recompute": problem.recompute,
+    }
+    if problem.extra:
+        out["extra"] = problem.extra
+    return out
+
+
+def problem_from_dict(data: Mapping[str, Any]) -> Problem:
+    """Inverse of :func:`problem_to_dict`."""
+    allowed = (
+        "name", "p", "m", "placement", "v", "objective", "unit", "stages", "t_comm", "devices",
+        "host_links", "split_backward", "offload", "recompute", "extra",
+    )  # fmt: skip
+    _reject_unknown("problem.", data, allowed)
+    for key in ("p", "m", "stages", "devices"):
+        if key not in data:
+            raise ProblemError(f"problem.{key}", "missing")
+    stages = tuple(
+        _stage(
+            f"problem.stages[{s}].", {k: v for k, v in row.items() if k != "device"}, row["device"]
+        )
+        for s, row in enumerate(data["stages"])
+    )
+    devices = tuple(_device(f"problem.devices[{d}].", row) for d, row in enumerate(data["devices"]))
+    return Problem(
+        p=data["p"],
+        m=data["m"],
+        stages=stages,
+        devices=devices,
+        placement=data.get("placement", "explicit"),
+        t_comm=data.get("t_comm", 0.0),
+        host_links=tuple(tuple(g) for g in data.get("host_links", [])),
+        split_backward=data.get("split_backward", True),
+        offload=data.get("offload", False),
+        recompute=data.get("recompute", False),
+        objective=data.get("objective", "makespan"),
+        unit=data.get("unit", "m_b"),
+        name=data.get("name", ""),
+        extra=dict(data.get("extra", {})),
+    )
+
+
+def load_problem(path: str | Path) -> Problem:
+    """Read a problem from a TOML spec, a problem/schedule JSON, or a cost profile JSON."""
+    path = Path(path)
+    if not path.is_file():
+        raise ProblemError("", f"{path}: no such file; give the path of a .toml or .json problem")
+    text = path.read_text()
+    if path.suffix == ".toml":
+        try:
+            spec = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise ProblemError("", f"{path}: not valid TOML ({err})") from None
+        return problem_from_spec(spec)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ProblemError("", f"{path}: not valid JSON ({err})") from None
+    fmt = data.get("format") if isinstance(data, dict) else None
+    if fmt == "pp-opt.schedule":
+        return problem_from_dict(data["problem"])
+    if fmt == "pp-opt.problem":
+        return problem_from_dict({k: v for k, v in data.items() if k not in ("format", "version")})
+    if fmt == "pp-opt.costs":
+        from pp_opt.profiler.costs import problem_from_costs
+
+        return problem_from_costs(data)
+    raise ProblemError(
+        "format", f"{path}: expected pp-opt.schedule, pp-opt.problem or pp-opt.costs, got {fmt!r}"
+    )
+
+
+def resplit(problem: Problem, placement: str, v: int) -> Problem:
+    """Re-split each device's layers into ``v`` chunks with the given placement.
+
+    Per-chunk times and memory are the device totals divided by ``v`` (as the Zero
+    Bubble paper does for ZB-V); the stage input size ``m_in`` stays that of a stage.
+    """
+    if placement not in PLACEMENTS:
+        raise ProblemError(
+            "placement", f"unknown {placement!r}; use one of {', '.join(PLACEMENTS)}"
+        )
+    devices_of = stage_devices(placement, problem.p, v)
+    if placement == problem.placement and v == problem.v:
+        return problem
+    totals: list[dict[str, float]] = []
+    for d in range(problem.p):
+        own = [problem.stages[s] for s in problem.stages_on(d)]
+        row = {k: sum(getattr(st, k) for st in own) for k in _ADDITIVE}
+        row["t_bw"] = sum(st.fused_backward for st in own)
+        row["m_in"] = max(st.m_in for st in own)
+        totals.append(row)
+    stages = []
+    for d in devices_of:
+        row = totals[d]
+        fused = row["t_bw"] / v
+        split_sum = (row["t_b"] + row["t_w"]) / v
+        stages.append(
+            Stage(
+                device=d,
+                **{k: row[k] / v for k in _ADDITIVE},
+                t_bw=None if abs(fused - split_sum) < 1e-12 else fused,
+                m_in=min(row["m_in"], row["m_b"] / v),
+            )
+        )
+    return problem.replace(stages=tuple(stages), placement=placement)

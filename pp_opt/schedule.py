@@ -1,0 +1,87 @@
+"""Timed schedules: the ops with their start and end, how they were made, and their metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pp_opt.ops import STREAM_ORDER, OpKey, OpKind, Stream
+from pp_opt.problem import Problem
+
+STATUSES = ("optimal", "feasible", "infeasible", "timeout", "heuristic")
+"""``heuristic`` marks schedules made by a fixed pattern (the classic baselines)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledOp:
+    """One op placed in time on its device's stream."""
+
+    kind: OpKind
+    stage: int
+    microbatch: int
+    stream: Stream
+    start: float
+    end: float
+    fraction: float = 1.0
+    """Part of the activation moved, for ``OFFLOAD`` and ``RELOAD``."""
+
+    @property
+    def key(self) -> OpKey:
+        return OpKey(self.kind, self.stage, self.microbatch)
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(kw_only=True, slots=True)
+class SolverInfo:
+    """How a schedule was made: by which solver or baseline, with what outcome."""
+
+    name: str
+    status: str
+    objective: float
+    lower_bound: float | None = None
+    gap: float | None = None
+    seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Further keys kept as they are (solver options, warm start, ...)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Metrics:
+    """The metrics of DESIGN.md §4."""
+
+    makespan: float
+    span: list[float]
+    bubble_rate: float
+    idle_fraction: float
+    peak_memory: list[float]
+    busy: list[float]
+    """Compute-stream time of each device."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Schedule:
+    """A timed schedule of one problem."""
+
+    problem: Problem
+    ops: tuple[ScheduledOp, ...]
+    solver: SolverInfo
+    metrics: Metrics
+
+    def device_ops(self, device: int) -> list[ScheduledOp]:
+        """Ops of one device in execution order (start, then stream, then end)."""
+        own = [op for op in self.ops if self.problem.device_of(op.stage) == device]
+        return sorted(own, key=execution_order_key)
+
+    def stream_order(self, device: int, stream: Stream) -> list[ScheduledOp]:
+        return [op for op in self.device_ops(device) if op.stream is stream]
+
+    def objective_value(self, objective: str | None = None) -> float:
+        objective = objective or self.problem.objective
+        return self.metrics.makespan if objective == "makespan" else max(self.metrics.span)
+
+
+def execution_order_key(op: ScheduledOp) -> tuple[float, int, float, int, int]:
+    return (op.start, STREAM_ORDER.index(op.stream), op.end, op.stage, op.microbatch)
