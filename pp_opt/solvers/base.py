@@ -1,0 +1,51 @@
+"""What every solver backend takes and returns, so the API treats CP-SAT and MILP alike."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pp_opt.schedule import Schedule, ScheduledOp
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """One progress report: the incumbent and the best bound so far."""
+
+    seconds: float
+    objective: float | None
+    bound: float | None
+
+
+ProgressCallback = Callable[[Progress], None]
+
+
+@dataclass(kw_only=True, slots=True)
+class SolveOptions:
+    """Options shared by every backend."""
+
+    time_limit: float = 60.0
+    """Wall-clock seconds the backend may use."""
+    threads: int = 2
+    """Worker threads (CP-SAT workers, MILP threads)."""
+    seed: int = 0
+    """Random seed; the same seed and threads give the same schedule."""
+    objective: str = "makespan"
+    """``makespan`` or ``span`` (DESIGN.md §4)."""
+    warm_start: Schedule | None = None
+    """A valid schedule to start from (a hint); the answer is never worse than it."""
+    progress: ProgressCallback | None = None
+    """Called as the incumbent or the bound improves; None for silence."""
+
+
+@dataclass(kw_only=True, slots=True)
+class BackendResult:
+    """What a backend found, before the API validates it and computes metrics."""
+
+    status: str
+    """``optimal``, ``feasible``, ``infeasible`` or ``timeout`` (nothing found in time)."""
+    objective: float | None
+    bound: float | None
+    seconds: float
+    ops: tuple[ScheduledOp, ...] | None
+    """The timed ops of the best schedule found, or None."""
