@@ -36,6 +36,8 @@ class SolveOptions:
     """A valid schedule to start from (a hint); the answer is never worse than it."""
     progress: ProgressCallback | None = None
     """Called as the incumbent or the bound improves; None for silence."""
+    offload_fractions: tuple[float, ...] = (1.0,)
+    """Fractions of an activation an ``OFFLOAD`` may move (when the problem allows offload)."""
 
 
 @dataclass(kw_only=True, slots=True)
