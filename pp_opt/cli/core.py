@@ -1,0 +1,80 @@
+"""Commands on problems and schedules: ``baseline``, ``validate``, ``show``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from pp_opt.cli.common import (
+    CapOption,
+    ChunksOption,
+    ObjectiveOption,
+    PlacementOption,
+    problem_with_overrides,
+)
+
+
+def baseline(
+    name: str = typer.Argument(..., help="Classic schedule: gpipe, 1f1b, zb-h1, zb-h2, ..."),
+    problem_path: Path = typer.Argument(..., metavar="PROBLEM", help="Problem TOML or JSON."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Write schedule JSON."),
+    cap: float | None = CapOption,
+    placement: str | None = PlacementOption,
+    chunks: int | None = ChunksOption,
+    objective: str | None = ObjectiveOption,
+) -> None:
+    """Time a classic schedule on a problem, validate it, and show or save it."""
+    from pp_opt.api import run_baseline
+    from pp_opt.report import metrics_table
+
+    problem = problem_with_overrides(
+        problem_path, cap=cap, placement=placement, chunks=chunks, objective=objective
+    )
+    schedule = run_baseline(name, problem)
+    typer.echo(metrics_table(schedule))
+    if output is not None:
+        from pp_opt.schedule_io import save_schedule
+
+        save_schedule(schedule, output)
+        typer.echo(f"wrote {output}")
+
+
+def validate(
+    schedule_path: Path = typer.Argument(..., metavar="SCHEDULE", help="Schedule JSON."),
+) -> None:
+    """Re-check a schedule file: ops, dependencies, streams, memory caps, metrics."""
+    from pp_opt.schedule_io import load_schedule
+    from pp_opt.validator import validate as check
+
+    schedule = load_schedule(schedule_path)
+    violations = check(schedule)
+    if violations:
+        typer.echo(f"{schedule_path}: INVALID, {len(violations)} violation(s):")
+        for violation in violations:
+            typer.echo(f"  - {violation}")
+        raise typer.Exit(1)
+    typer.echo(
+        f"{schedule_path}: valid ({len(schedule.ops)} ops, makespan "
+        f"{schedule.metrics.makespan:.6g}, peak memory {max(schedule.metrics.peak_memory):.6g})"
+    )
+
+
+def show(
+    schedule_path: Path = typer.Argument(..., metavar="SCHEDULE", help="Schedule JSON."),
+    width: int = typer.Option(100, "--width", help="Columns of the Gantt chart."),
+) -> None:
+    """Print a schedule's metrics and a Gantt chart drawn in the terminal."""
+    from pp_opt.report import metrics_table, text_gantt
+    from pp_opt.schedule_io import load_schedule
+
+    schedule = load_schedule(schedule_path)
+    typer.echo(metrics_table(schedule))
+    typer.echo("")
+    typer.echo(text_gantt(schedule, width=width))
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(baseline)
+    app.command()(validate)
+    app.command()(show)
