@@ -2,12 +2,19 @@
 
 The order is given per ``(device, stream)``; devices that share a host link also
 share its copy bandwidth, and the simulator serves their copies earliest-ready first.
+
+Streams of one device run concurrently, so an order alone lets a reload start as soon
+as its offload ends, which may defeat the offload. ``waits`` are the cross-stream
+synchronisations a runtime performs (CUDA events): ``(a, b)`` means ``b`` starts no
+earlier than ``a`` ends. :func:`waits_of` derives them from a timed schedule so that
+re-timing it never raises its memory peak nor its objective (every start can only move
+earlier, and every free that preceded an allocation still precedes it).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import networkx as nx
 
@@ -37,6 +44,7 @@ def simulate(
     order: StreamOrder,
     *,
     fractions: Mapping[OpKey, float] | None = None,
+    waits: Iterable[tuple[OpKey, OpKey]] = (),
     dag: nx.DiGraph | None = None,
     solver: SolverInfo | None = None,
 ) -> Schedule:
@@ -48,10 +56,11 @@ def simulate(
     dag = dag if dag is not None else dag_for_order(problem, order)
     fractions = fractions or {}
     present = _check_order(problem, dag, order)
+    preds, succs = _edges(dag, present, waits)
     queues = {k: list(v) for k, v in order.items() if v}
     position = dict.fromkeys(queues, 0)
     queue_of = {key: qk for qk, keys in queues.items() for key in keys}
-    waiting = {key: sum(1 for u in dag.predecessors(key) if u in present) for key in present}
+    waiting = {key: len(preds[key]) for key in present}
     end: dict[OpKey, float] = {}
     stream_free = dict.fromkeys(queues, 0.0)
     link_free: dict[tuple[int, Stream], float] = {}
@@ -60,9 +69,8 @@ def simulate(
 
     def ready_time(key: OpKey, qk: tuple[int, Stream]) -> float:
         t = stream_free[qk]
-        for u in dag.predecessors(key):
-            if u in present:
-                t = max(t, end[u] + dag.edges[u, key]["latency"])
+        for u, latency in preds[key]:
+            t = max(t, end[u] + latency)
         return t
 
     def push_head(qk: tuple[int, Stream]) -> None:
@@ -92,14 +100,13 @@ def simulate(
             link_free[link] = finish
         position[qk] += 1
         push_head(qk)
-        for w in dag.successors(key):
-            if w in present:
-                waiting[w] -= 1
-                wq = queue_of[w]
-                if waiting[w] == 0 and queues[wq][position[wq]] == w:
-                    push_head(wq)
+        for w in succs[key]:
+            waiting[w] -= 1
+            wq = queue_of[w]
+            if waiting[w] == 0 and queues[wq][position[wq]] == w:
+                push_head(wq)
     if len(end) < len(present):
-        raise DeadlockError(_deadlock_message(dag, queues, position, present, end))
+        raise DeadlockError(_deadlock_message(preds, queues, position, end))
     solver = solver or SolverInfo(name="simulate", status="heuristic", objective=0.0)
     metrics = compute_metrics(problem, timed)
     solver.objective = metrics.makespan if problem.objective == "makespan" else max(metrics.span)
@@ -115,10 +122,38 @@ def order_of(schedule: Schedule) -> dict[tuple[int, Stream], list[OpKey]]:
     return order
 
 
+def waits_of(schedule: Schedule) -> list[tuple[OpKey, OpKey]]:
+    """Cross-stream waits implied by a timed schedule, per device.
+
+    For each op and each other stream of its device, the last op there that ended at or
+    before this op's start (earlier ones follow from the stream order).
+    """
+    waits = []
+    for device in range(schedule.problem.p):
+        own = schedule.device_ops(device)
+        by_stream: dict[Stream, list] = {}
+        for op in own:
+            by_stream.setdefault(op.stream, []).append(op)
+        for op in own:
+            for stream, others in by_stream.items():
+                if stream is op.stream:
+                    continue
+                done = [o for o in others if o.end <= op.start]
+                if done:
+                    waits.append((max(done, key=lambda o: o.end).key, op.key))
+    return waits
+
+
 def retime(schedule: Schedule, *, solver: SolverInfo | None = None) -> Schedule:
-    """Re-time a schedule's own op order with the simulator (fractions kept)."""
+    """Re-time a schedule's own op order and cross-stream waits with the simulator."""
     fractions = {op.key: op.fraction for op in schedule.ops if op.fraction != 1.0}
-    return simulate(schedule.problem, order_of(schedule), fractions=fractions, solver=solver)
+    return simulate(
+        schedule.problem,
+        order_of(schedule),
+        fractions=fractions,
+        waits=waits_of(schedule),
+        solver=solver,
+    )
 
 
 def _stream_rank(stream: Stream) -> int:
@@ -130,6 +165,23 @@ def _link_key(problem: Problem, qk: tuple[int, Stream]) -> tuple[int, Stream] | 
         return None
     group = problem.link_group(qk[0])
     return None if group is None else (group, qk[1])
+
+
+def _edges(
+    dag: nx.DiGraph, present: set[OpKey], waits: Iterable[tuple[OpKey, OpKey]]
+) -> tuple[dict[OpKey, list[tuple[OpKey, float]]], dict[OpKey, list[OpKey]]]:
+    """Predecessors (with latency) and successors among present ops, waits included."""
+    preds: dict[OpKey, list[tuple[OpKey, float]]] = {key: [] for key in present}
+    succs: dict[OpKey, list[OpKey]] = {key: [] for key in present}
+    for u, w, latency in dag.subgraph(present).edges(data="latency"):
+        preds[w].append((u, latency))
+        succs[u].append(w)
+    for u, w in waits:
+        if u not in present or w not in present:
+            raise ProblemError("waits", f"{u} -> {w} names an op that is not in the order")
+        preds[w].append((u, 0.0))
+        succs[u].append(w)
+    return preds, succs
 
 
 def _check_order(problem: Problem, dag: nx.DiGraph, order: StreamOrder) -> set[OpKey]:
@@ -165,10 +217,9 @@ def _check_order(problem: Problem, dag: nx.DiGraph, order: StreamOrder) -> set[O
 
 
 def _deadlock_message(
-    dag: nx.DiGraph,
+    preds: Mapping[OpKey, list[tuple[OpKey, float]]],
     queues: Mapping[tuple[int, Stream], Sequence[OpKey]],
     position: Mapping[tuple[int, Stream], int],
-    present: set[OpKey],
     end: Mapping[OpKey, float],
 ) -> str:
     parts = []
@@ -176,7 +227,7 @@ def _deadlock_message(
         if position[(device, stream)] >= len(keys):
             continue
         head = keys[position[(device, stream)]]
-        blockers = [str(u) for u in dag.predecessors(head) if u in present and u not in end]
+        blockers = [str(u) for u, _ in preds[head] if u not in end]
         parts.append(f"{head} on device {device} {stream.value} waits for {', '.join(blockers)}")
     return (
         "deadlock, these ops wait on each other: "
