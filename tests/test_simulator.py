@@ -57,8 +57,12 @@ def test_offload_frees_memory_and_shared_link_serialises() -> None:
             for st in problem.stages
         )  # fmt: skip
     )
-    # reloads wait until the device's last forward has ended (a runtime's event wait)
-    waits = [(OpKey(K.F, d, 2), OpKey(K.RELOAD, d, j)) for d in range(2) for j in range(3)]
+    # a reload waits for the previous backward (or the last forward): a runtime's event wait
+    waits = [
+        (OpKey(K.BW, d, j - 1) if j else OpKey(K.F, d, 2), OpKey(K.RELOAD, d, j))
+        for d in range(2)
+        for j in range(3)
+    ]
     eager = simulate(problem, offload_order(2, 3))
     own_links = simulate(problem, offload_order(2, 3), waits=waits)
     shared = simulate(problem.replace(host_links=((0, 1),)), offload_order(2, 3), waits=waits)
