@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import sys
 
-import click
 import typer
 
 from pp_opt.errors import PPOptError
@@ -26,17 +25,12 @@ for _name in _COMMAND_MODULES:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: errors pp_opt raises on purpose become one line and a non-zero exit."""
+    """Entry point: errors pp_opt raises on purpose become one line and a non-zero exit.
+
+    Usage errors are typer's own (exit 2); anything else is a bug and keeps its traceback.
+    """
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=argv, prog_name="pp-opt")
     except PPOptError as err:
         typer.echo(f"error: {err}", err=True)
-        sys.exit(err.exit_code)
-    except click.exceptions.Abort:
-        typer.echo("aborted", err=True)
-        sys.exit(130)
-    except click.ClickException as err:
-        err.show()
-        sys.exit(err.exit_code)
-    except click.exceptions.Exit as err:
         sys.exit(err.exit_code)
