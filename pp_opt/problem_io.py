@@ -61,6 +61,18 @@ def _device(where: str, values: Mapping[str, Any]) -> Device:
         raise ProblemError(f"{where}{err.field}", str(err).split(": ", 1)[1]) from None
 
 
+def _table(field: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ProblemError(field, f"got {value!r}; expected a table like [{field}]")
+    return dict(value)
+
+
+def _tables(field: str, value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+        raise ProblemError(field, f"expected a list of tables, one [[{field}]] per entry")
+    return [dict(v) for v in value]
+
+
 def problem_from_spec(spec: Mapping[str, Any]) -> Problem:
     """Build a problem from a hand-written spec (the TOML layout; see examples/small.toml)."""
     _reject_unknown("", spec, TOP_KEYS)
@@ -77,8 +89,8 @@ def problem_from_spec(spec: Mapping[str, Any]) -> Problem:
         placement = _typed("placement", raw_placement, str)
         default_v = 2 if placement == "v" else 1
         devices_of = stage_devices(placement, p, _typed("v", spec.get("v", default_v), int))
-    stage_default = dict(spec.get("stage", {}))
-    per_stage = list(spec.get("stages", []))
+    stage_default = _table("stage", spec.get("stage", {}))
+    per_stage = _tables("stages", spec.get("stages", []))
     if per_stage and len(per_stage) != len(devices_of):
         raise ProblemError(
             "stages", f"got {len(per_stage)} entries for {len(devices_of)} stages; give one each"
@@ -89,12 +101,12 @@ def problem_from_spec(spec: Mapping[str, Any]) -> Problem:
         if "device" in values and values.pop("device") != d:
             raise ProblemError(f"stages[{s}].device", "disagrees with placement; set placement")
         stages.append(_stage("stage." if not per_stage else f"stages[{s}].", values, d))
-    dev_default = dict(spec.get("device", {}))
+    dev_default = _table("device", spec.get("device", {}))
     if "cap" not in dev_default and not spec.get("devices"):
         # Default cap: 2p activations of a whole device (the ZB-2p budget), plus static memory.
         per_device_m_b = max(sum(st.m_b for st in stages if st.device == d) for d in range(p))
         dev_default["cap"] = 2 * p * per_device_m_b + dev_default.get("static", 0.0)
-    per_device = list(spec.get("devices", []))
+    per_device = _tables("devices", spec.get("devices", []))
     if per_device and len(per_device) != p:
         raise ProblemError("devices", f"got {len(per_device)} entries for p = {p}; give one each")
     devices = [

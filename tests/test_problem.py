@@ -88,3 +88,13 @@ def test_resplit_divides_device_costs() -> None:
         assert sum(st.m_w for st in own) == pytest.approx(0.5)
     with pytest.raises(ProblemError):
         resplit(problem, "ring", 2)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [({"stage": 3}, "stage"), ({"stages": [1, 2]}, "stages"), ({"device": "big"}, "device")],
+)
+def test_spec_tables_must_be_tables(change: dict, field: str) -> None:
+    with pytest.raises(ProblemError) as err:
+        problem_from_spec({**SPEC, **change})
+    assert err.value.field == field
