@@ -278,14 +278,12 @@ def _draw_row(
 ) -> None:
     if not ops:
         return
-    ax.barh(
-        [y] * len(ops),
-        [op.duration for op in ops],
-        left=[op.start for op in ops],
-        height=height,
-        color=[_op_color(schedule, op) for op in ops],
-        edgecolor="white",
-        linewidth=0.4,
+    ax.broken_barh(
+        [(op.start, op.duration) for op in ops],
+        (y - height / 2, height),
+        facecolors=[_op_color(schedule, op) for op in ops],
+        edgecolors="white",
+        linewidths=0.4,
     )
 
 
