@@ -1,0 +1,81 @@
+"""The independent schedule validator: re-checks a timed schedule against its problem.
+
+It shares nothing with whatever made the schedule (solver, baseline, simulator)
+and nothing with :mod:`pp_opt.metrics`: dependencies come only from the DAG
+(:func:`pp_opt.dag.build_dag`) and op costs and memory effects only from
+:mod:`pp_opt.ops`. Each broken rule comes back as a :class:`Violation`
+naming the rule, the op and device, and by how much; :data:`RULES` lists them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from pp_opt.errors import ValidationError
+from pp_opt.schedule import Schedule
+from pp_opt.validator.context import make_context
+from pp_opt.validator.memory_check import check_memory
+from pp_opt.validator.offload_checks import check_offload
+from pp_opt.validator.op_checks import check_each_op, check_presence
+from pp_opt.validator.stored_metrics import check_metrics
+from pp_opt.validator.timing_checks import check_dependencies, check_host_links, check_streams
+from pp_opt.validator.violation import RULES, Violation
+
+__all__ = ["RULES", "Violation", "check_schedule", "validate"]
+
+logger = logging.getLogger(__name__)
+
+
+def validate(schedule: Schedule, *, tol: float = 1e-6) -> list[Violation]:
+    """Every rule the schedule breaks; an empty list means it is valid.
+
+    Parameters
+    ----------
+    schedule
+        A timed schedule with its problem and stored metrics.
+    tol
+        Relative tolerance: times are compared within ``tol * max(1, latest time)``,
+        memory within ``tol * max(1, largest cap)``, so rounding in a solver's
+        times or in a JSON file is not reported but real conflicts are.
+
+    Returns
+    -------
+    list[Violation]
+        Grouped by check, in this order: ops present exactly once, each op on its
+        own (stream, start, duration, fraction), offload and recompute, DAG edges,
+        streams, shared host links, memory caps, stored metrics (skipped when some
+        op has no stage of the problem or no finite time: that is reported already).
+    """
+    if not (math.isfinite(tol) and tol >= 0):
+        raise ValueError(f"tol: got {tol!r}; give a small non-negative number such as 1e-6")
+    ctx = make_context(schedule, tol)
+    violations = [
+        *check_presence(ctx),
+        *check_each_op(ctx),
+        *check_offload(ctx),
+        *check_dependencies(ctx),
+        *check_streams(ctx),
+        *check_host_links(ctx),
+        *check_memory(ctx),
+        *check_metrics(ctx, schedule.metrics),
+    ]
+    logger.debug(
+        "validated %d ops: %d violation(s)%s",
+        len(schedule.ops),
+        len(violations),
+        f", first: {violations[0]}" if violations else "",
+    )
+    return violations
+
+
+def check_schedule(schedule: Schedule, *, tol: float = 1e-6) -> Schedule:
+    """The schedule itself when it is valid; raises :class:`ValidationError` otherwise.
+
+    Meant for the end of every path that hands a schedule out of the library,
+    so that no caller has to trust the code that produced it.
+    """
+    violations = validate(schedule, tol=tol)
+    if violations:
+        raise ValidationError(violations)
+    return schedule

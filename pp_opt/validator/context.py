@@ -1,0 +1,90 @@
+"""What every check needs: the DAG variant the schedule uses, its ops, and the tolerances."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import networkx as nx
+
+from pp_opt.dag import build_dag
+from pp_opt.ops import OpKey, OpKind
+from pp_opt.problem import Problem
+from pp_opt.schedule import Schedule, ScheduledOp
+
+
+@dataclass(kw_only=True, slots=True)
+class Context:
+    """A schedule prepared for checking; built once by :func:`make_context`."""
+
+    problem: Problem
+    dag: nx.DiGraph
+    """The DAG variant (fused or split, with or without offload and recompute) of the ops."""
+    ops: tuple[ScheduledOp, ...]
+    """Every op of the schedule, as it is."""
+    placed: list[ScheduledOp]
+    """Ops on an existing stage with finite times: those that occupy a stream and memory."""
+    first: dict[OpKey, ScheduledOp]
+    """The earliest copy of each placed op that is a node of the DAG."""
+    recomputed: set[tuple[int, int]]
+    """(stage, microbatch) pairs with an ``R`` op: their ``F`` keeps only ``m_in``."""
+    time_tol: float
+    """Slack for comparing times: ``tol * max(1, latest time)`` (about the makespan)."""
+    memory_tol: float
+    """Slack for comparing memory: ``tol * max(1, largest cap)``."""
+    tol: float
+    """The relative tolerance itself (for ratios such as ``bubble_rate``)."""
+
+    def device_of(self, op: ScheduledOp) -> int:
+        return self.problem.device_of(op.stage)
+
+
+def dag_for_ops(problem: Problem, ops: Sequence[ScheduledOp]) -> nx.DiGraph:
+    """The DAG variant the ops use, chosen from the op kinds present.
+
+    A schedule that mixes ``BW`` with ``B``/``W`` is checked against the variant
+    most of its backward ops belong to, so one mistyped op is reported as one
+    op, not as every op of the other kind.
+    """
+    kinds = Counter(op.kind for op in ops)
+    if kinds[OpKind.B] or kinds[OpKind.BW]:
+        split = kinds[OpKind.B] >= kinds[OpKind.BW]
+    else:
+        split = problem.split_backward
+    return build_dag(
+        problem,
+        split_backward=split,
+        offload=bool(kinds[OpKind.OFFLOAD] or kinds[OpKind.RELOAD]),
+        recompute=bool(kinds[OpKind.R]),
+    )
+
+
+def is_placed(problem: Problem, op: ScheduledOp) -> bool:
+    """On a stage of the problem, with finite start and end."""
+    return 0 <= op.stage < problem.num_stages and math.isfinite(op.start) and math.isfinite(op.end)
+
+
+def make_context(schedule: Schedule, tol: float) -> Context:
+    problem = schedule.problem
+    dag = dag_for_ops(problem, schedule.ops)
+    placed = [op for op in schedule.ops if is_placed(problem, op)]
+    first: dict[OpKey, ScheduledOp] = {}
+    for op in sorted(placed, key=lambda o: (o.start, o.end)):
+        if op.key in dag:
+            first.setdefault(op.key, op)
+    # Rounding grows with the size of the numbers, so the slack follows the largest time.
+    largest_time = max((max(abs(op.start), abs(op.end)) for op in placed), default=0.0)
+    largest_cap = max(device.cap for device in problem.devices)
+    return Context(
+        problem=problem,
+        dag=dag,
+        ops=schedule.ops,
+        placed=placed,
+        first=first,
+        recomputed={(k.stage, k.microbatch) for k in first if k.kind is OpKind.R},
+        time_tol=tol * max(1.0, largest_time),
+        memory_tol=tol * max(1.0, largest_cap),
+        tol=tol,
+    )
