@@ -106,6 +106,12 @@ def schedule_from_dict(data: dict[str, Any]) -> Schedule:
                 raise ProblemError(where, f"malformed op ({err})") from None
             if not 0 <= ops[-1].stage < problem.num_stages:
                 raise ProblemError(f"{where}.stage", f"outside 0..{problem.num_stages - 1}")
+            if problem.device_of(ops[-1].stage) != dev.get("device", d):
+                raise ProblemError(
+                    f"{where}.stage",
+                    f"stage {ops[-1].stage} runs on device {problem.device_of(ops[-1].stage)}, "
+                    f"not {dev.get('device', d)}; list the op under its own device",
+                )
     return Schedule(problem=problem, ops=tuple(ops), solver=solver, metrics=metrics)
 
 

@@ -55,6 +55,7 @@ def test_round_trip_is_byte_identical() -> None:
         (lambda d: d.pop("metrics"), "metrics"),
         (lambda d: d["devices"][0]["ops"][0].update(op="JUMP"), "devices[0].ops[0]"),
         (lambda d: d["problem"]["stages"][0].update(t_f=-1), "problem.stages[0].t_f"),
+        (lambda d: d["devices"][1]["ops"][0].update(stage=0), "devices[1].ops[0].stage"),
     ],
 )
 def test_malformed_files(mutate, field: str) -> None:
