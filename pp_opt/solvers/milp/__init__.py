@@ -1,0 +1,141 @@
+"""The MILP backend (PuLP; CBC by default, HiGHS selectable): the cross-check for CP-SAT.
+
+Same decisions and objective as the CP-SAT model: a start time per op, its order on
+each stream, and per activation keep / offload (one of the allowed fractions) /
+recompute, under each device's memory cap. The parts: ``variables``,
+``constraints``, ``objective``, ``model`` (builds them in a fixed order), ``warm``
+(initial values) and ``backends`` (runs CBC or HiGHS).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import networkx as nx
+
+from pp_opt.metrics import compute_metrics
+from pp_opt.ops import OpKind, duration, stream_of
+from pp_opt.problem import Problem
+from pp_opt.schedule import ScheduledOp
+from pp_opt.solvers.base import BackendResult, Progress, SolveOptions
+from pp_opt.solvers.milp.backends import BACKENDS, RunSettings, run_backend
+from pp_opt.solvers.milp.model import MilpModel, build_model
+from pp_opt.solvers.milp.warm import apply_warm_start, warm_ops, warm_values
+
+__all__ = ["BACKENDS", "solve_milp"]
+
+log = logging.getLogger(__name__)
+
+
+def solve_milp(
+    problem: Problem,
+    dag: nx.DiGraph,
+    options: SolveOptions,
+    *,
+    backend: str = "cbc",
+    symmetry: bool = True,
+) -> BackendResult:
+    """Solve the schedule of ``dag`` as a MILP with CBC (``backend="cbc"``) or HiGHS (``"highs"``).
+
+    The result is never worse than ``options.warm_start``: when the MILP's incumbent
+    is worse or missing, the warm start's ops come back (status ``feasible``).
+    ``symmetry=False`` drops the microbatch-order symmetry breaking (for checking it).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown MILP backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    started = time.monotonic()
+    warm = warm_ops(problem, dag, options.warm_start) if options.warm_start else None
+    warm_value = _objective(problem, warm, options.objective) if warm else None
+    _report(options, started, warm_value, None)
+    model = build_model(
+        problem,
+        dag,
+        objective_name=options.objective,
+        horizon=_horizon(problem, dag, options, warm_value),
+        fractions=tuple(options.offload_fractions),
+        objective_bound=warm_value,
+        symmetry=symmetry,
+    )
+    values = warm_values(model, warm) if warm else None
+    if values is not None:
+        apply_warm_start(model, values)
+    settings = RunSettings(
+        time_limit=options.time_limit - (time.monotonic() - started),
+        threads=options.threads,
+        seed=options.seed,
+        warm_start=values is not None,
+        progress=options.progress,
+        started=started,
+    )
+    outcome = run_backend(model.lp, backend, settings)
+    found = _timed_ops(model) if outcome.has_solution else None
+    value = _objective(problem, found, options.objective) if found else None
+    status = "optimal" if outcome.proved_optimal and found else "feasible"
+    if warm and (value is None or value > warm_value + 1e-9 * max(1.0, abs(warm_value))):
+        found, value, status = warm, warm_value, "feasible"
+    if found is None:
+        status = "infeasible" if outcome.proved_infeasible else "timeout"
+    bound = outcome.bound if status != "optimal" else value
+    if bound is not None and value is not None:
+        bound = min(bound, value)
+    seconds = time.monotonic() - started
+    _report(options, started, value, bound)
+    log.info("milp (%s): %s, objective %s, bound %s, %.2f s", backend, status, value, bound,
+             seconds)  # fmt: skip
+    return BackendResult(status=status, objective=value, bound=bound, seconds=seconds, ops=found)
+
+
+def _horizon(
+    problem: Problem, dag: nx.DiGraph, options: SolveOptions, warm_value: float | None
+) -> float:
+    """Latest time any op of some optimal schedule needs (each big-M derives from it).
+
+    Without a warm start: every op one after another (a schedule that holds one
+    microbatch at a time fits any cap that admits a schedule). For ``span``, an
+    optimum can be shifted per device until no gap between device windows exceeds
+    ``t_comm``, so its makespan is at most ``p`` spans plus ``(p-1) t_comm``.
+    """
+    most = max(options.offload_fractions, default=1.0)
+    serial = 0.0
+    for key, data in dag.nodes(data=True):
+        scale = most if key.kind in (OpKind.OFFLOAD, OpKind.RELOAD) else 1.0
+        latency = max((d["latency"] for _, _, d in dag.in_edges(key, data=True)), default=0.0)
+        serial += scale * data["duration"] + latency
+    if options.objective == "makespan":
+        return min(serial, warm_value) if warm_value is not None else serial
+    best = min(serial, warm_value) if warm_value is not None else serial
+    return problem.p * best + (problem.p - 1) * problem.t_comm
+
+
+def _timed_ops(model: MilpModel) -> tuple[ScheduledOp, ...]:
+    """The present ops with their solved starts (ends from the cost rules, not the LP)."""
+    problem, v = model.problem, model.vars
+    timed = []
+    for key, op in v.ops.items():
+        fraction = 1.0
+        if key.kind in (OpKind.OFFLOAD, OpKind.RELOAD):
+            chosen = [f for f, z in v.offload[key.stage, key.microbatch] if (z.varValue or 0) > 0.5]
+            if not chosen:
+                continue
+            fraction = chosen[0]
+        elif key.kind is OpKind.R and (v.recompute[key.stage, key.microbatch].varValue or 0) < 0.5:
+            continue
+        start = max(0.0, round(float(op.start.varValue or 0.0), 9))
+        end = start + duration(problem, key.kind, key.stage, fraction)
+        timed.append(ScheduledOp(key.kind, key.stage, key.microbatch, stream_of(key.kind), start,
+                                 end, fraction))  # fmt: skip
+    timed.sort(key=lambda o: (o.start, o.stage, o.microbatch))
+    return tuple(timed)
+
+
+def _objective(problem: Problem, ops: tuple[ScheduledOp, ...], objective: str) -> float:
+    metrics = compute_metrics(problem, ops)
+    return metrics.makespan if objective == "makespan" else max(metrics.span)
+
+
+def _report(
+    options: SolveOptions, started: float, objective: float | None, bound: float | None
+) -> None:
+    if options.progress is not None:
+        options.progress(Progress(time.monotonic() - started, objective, bound))

@@ -1,0 +1,189 @@
+"""Running a built model with CBC or HiGHS through PuLP, and reading status and bound back."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+import pulp
+
+from pp_opt.solvers.base import Progress, ProgressCallback
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("cbc", "highs")
+
+
+@dataclass(kw_only=True, slots=True)
+class RunOutcome:
+    """What a MILP backend said: whether it proved optimality, found a solution, its bound."""
+
+    proved_optimal: bool
+    proved_infeasible: bool
+    has_solution: bool
+    bound: float | None
+
+
+@dataclass(kw_only=True, slots=True)
+class RunSettings:
+    time_limit: float
+    threads: int
+    seed: int
+    warm_start: bool
+    progress: ProgressCallback | None = None
+    started: float = 0.0
+    """``time.monotonic()`` when the solve began (progress reports count from it)."""
+
+
+def run_backend(lp: pulp.LpProblem, backend: str, settings: RunSettings) -> RunOutcome:
+    """Solve ``lp`` in place (variables get their values) with ``cbc`` or ``highs``."""
+    if backend == "cbc":
+        return _run_cbc(lp, settings)
+    if backend == "highs":
+        return _run_highs(lp, settings)
+    raise ValueError(f"unknown MILP backend {backend!r}; use one of {', '.join(BACKENDS)}")
+
+
+def _cbc_command(settings: RunSettings, log_path: str) -> pulp.LpSolver:
+    # 100 + n threads makes CBC's parallel search repeatable (its own documentation);
+    # the seeds fix CBC's and CLP's random choices (0 would mean "from the clock").
+    options = [f"randomCbcSeed {settings.seed + 1}", f"randomSeed {settings.seed + 1}"]
+    if settings.threads > 1:
+        options.append(f"threads {100 + settings.threads}")
+    kwargs = dict(
+        msg=False,
+        timeLimit=max(settings.time_limit, 0.1),
+        options=options,
+        warmStart=settings.warm_start,
+        logPath=log_path,
+    )
+    cmd = pulp.COIN_CMD(**kwargs)
+    if not cmd.available():  # the CBC binary that ships with PuLP
+        cmd = pulp.COIN_CMD(path=pulp.PULP_CBC_CMD.pulp_cbc_path, **kwargs)
+    return cmd
+
+
+def _run_cbc(lp: pulp.LpProblem, settings: RunSettings) -> RunOutcome:
+    fd, log_path = tempfile.mkstemp(prefix="pp_opt_cbc_", suffix=".log")
+    os.close(fd)
+    watcher = _LogWatcher(log_path, settings) if settings.progress else None
+    try:
+        if watcher:
+            watcher.start()
+        lp.solve(_cbc_command(settings, log_path))
+    finally:
+        if watcher:
+            watcher.stop()
+        with open(log_path) as f:
+            text = f.read()
+        os.unlink(log_path)
+    optimal = lp.status == pulp.LpStatusOptimal and lp.sol_status == pulp.LpSolutionOptimal
+    has_solution = lp.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
+    infeasible = lp.status == pulp.LpStatusInfeasible and "infeasible" in text.lower()
+    bound = _cbc_bound(text)
+    if optimal:
+        bound = pulp.value(lp.objective)
+    return RunOutcome(proved_optimal=optimal, proved_infeasible=infeasible,
+                      has_solution=has_solution, bound=bound)  # fmt: skip
+
+
+_LOWER_BOUND = re.compile(r"^Lower bound:\s+(\S+)", re.MULTILINE)
+_BEST_POSSIBLE = re.compile(r"best possible (\S+)")
+_INTEGER_FOUND = re.compile(r"Integer solution of (\S+) found")
+
+
+def _cbc_bound(text: str) -> float | None:
+    """CBC's final best bound: its summary's ``Lower bound:`` or the last ``best possible``."""
+    found = _LOWER_BOUND.findall(text) or _BEST_POSSIBLE.findall(text)
+    try:
+        return float(found[-1]) if found else None
+    except ValueError:
+        return None
+
+
+class _LogWatcher:
+    """Follows CBC's log while it runs and reports new incumbents and bounds."""
+
+    def __init__(self, path: str, settings: RunSettings) -> None:
+        self._path, self._settings = path, settings
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+        self._last: tuple[float | None, float | None] = (None, None)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _follow(self) -> None:
+        offset, objective, bound = 0, None, None
+        while not self._stop.wait(0.25):
+            try:
+                with open(self._path) as f:
+                    f.seek(offset)
+                    chunk = f.read()
+                    offset = f.tell()
+            except OSError:
+                continue
+            for value in _INTEGER_FOUND.findall(chunk):
+                objective = _float_or(value, objective)
+            for value in _BEST_POSSIBLE.findall(chunk):
+                bound = _float_or(value, bound)
+            if (objective, bound) != self._last and self._settings.progress:
+                self._last = (objective, bound)
+                elapsed = time.monotonic() - self._settings.started
+                self._settings.progress(Progress(elapsed, objective, bound))
+
+
+def _float_or(text: str, default: float | None) -> float | None:
+    try:
+        return float(text.rstrip(","))
+    except ValueError:
+        return default
+
+
+class _WarmHiGHS(pulp.HiGHS):  # type: ignore[misc,name-defined]
+    """PuLP's HiGHS interface, plus the variables' initial values as a MIP start."""
+
+    def __init__(self, *, warm_start: bool, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self._warm_start = warm_start
+
+    def callSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (PuLP's name)
+        if self._warm_start:
+            import highspy
+
+            columns = sorted(lp.variables(), key=lambda v: v.index)
+            solution = highspy.HighsSolution()
+            solution.col_value = [float(v.varValue or 0.0) for v in columns]
+            solution.value_valid = True
+            lp.solverModel.setSolution(solution)
+        lp.solverModel.run()
+
+
+def _run_highs(lp: pulp.LpProblem, settings: RunSettings) -> RunOutcome:
+    solver = _WarmHiGHS(
+        warm_start=settings.warm_start,
+        msg=False,
+        timeLimit=max(settings.time_limit, 0.1),
+        threads=settings.threads,
+        random_seed=settings.seed,
+    )
+    lp.solve(solver)
+    import highspy
+
+    model_status = lp.solverModel.getModelStatus()
+    info = lp.solverModel.getInfo()
+    optimal = model_status == highspy.HighsModelStatus.kOptimal
+    infeasible = model_status == highspy.HighsModelStatus.kInfeasible
+    has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    bound = float(info.mip_dual_bound) if info.mip_dual_bound > -1e300 else None
+    return RunOutcome(proved_optimal=optimal, proved_infeasible=infeasible,
+                      has_solution=has_solution, bound=bound)  # fmt: skip

@@ -1,0 +1,219 @@
+"""The constraint families of the MILP, each one small function (called in ``model.build_model``).
+
+Big-M values come from each op's time window (earliest and latest start), so each M
+is as small as the horizon allows.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pulp
+
+from pp_opt.ops import OpKey, OpKind
+from pp_opt.solvers.milp.variables import (
+    Expr,
+    OpVars,
+    hint_ended_by,
+    hint_order,
+    hint_product,
+    hint_started_by,
+    is_forward_chain_kind,
+)
+
+if TYPE_CHECKING:
+    from pp_opt.solvers.milp.model import MilpModel
+
+ALLOCATING = (OpKind.F, OpKind.R, OpKind.RELOAD)
+"""Ops that allocate at their start; memory can only peak right after one of them."""
+FREEING = (OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD)
+"""Ops that free at their end."""
+
+
+def activation_choice(model: MilpModel) -> None:
+    """Each activation is kept, offloaded with one of the fractions, or recomputed."""
+    v = model.vars
+    for act in set(v.offload) | set(v.recompute):
+        chosen = [z for _, z in v.offload.get(act, [])]
+        if act in v.recompute:
+            chosen.append(v.recompute[act])
+        if len(chosen) > 1:
+            model.lp += pulp.lpSum(chosen) <= 1, f"choice_{act[0]}_{act[1]}"
+
+
+def precedence(model: MilpModel) -> None:
+    """``w`` starts after ``u`` ends plus the edge latency, for every DAG edge ``u -> w``.
+
+    An absent optional op takes no time, so the edges through it still hold between
+    the ops around it (``F`` before ``B`` holds anyway), and it needs no relaxation.
+    """
+    ops = model.vars.ops
+    for u, w, data in model.dag.edges(data=True):
+        model.lp += ops[w].start >= ops[u].end + data["latency"]
+
+
+def symmetry(model: MilpModel) -> None:
+    """Same-kind compute ops (``F``, ``B``, ``W``, ``BW``) of a stage run in microbatch order.
+
+    Why this keeps an optimum: microbatches are identical, so take any schedule and,
+    on every stage and for each of these kinds, give the k-th op in time the label k,
+    keeping every time. Each chain of the DAG (``F`` of stage s-1 to ``F`` of stage s,
+    ``B`` of s+1 to ``B`` of s, the last stage's ``F`` to its ``B``, ``B`` to ``W``)
+    links one op per microbatch on each side with ``start(w_j) >= end(u_j) + latency``;
+    sorting both sides keeps that (the k-th smallest of larger numbers is larger), and
+    ops of one stage and kind have equal durations. Streams see the same busy
+    intervals, and memory on a device depends only on how many ops of each kind
+    have started or ended on each stage, not on their labels. So the relabelled
+    schedule is valid with the same objective. With offload or recompute, the copies
+    and ``R`` of an activation must also fit between its ``F`` and ``B`` after
+    relabelling; we apply the same rule there, as the CP-SAT model does (the MILP
+    can be built without it, ``symmetry=False``, to check on small instances).
+    """
+    if not model.symmetry:
+        return
+    ops = model.vars.ops
+    for key, op in ops.items():
+        if is_forward_chain_kind(key.kind) and key.microbatch > 0:
+            prev = ops[OpKey(key.kind, key.stage, key.microbatch - 1)]
+            model.lp += op.start >= prev.end
+
+
+def disjunctive(model: MilpModel) -> None:
+    """One op at a time on each resource: an order binary per pair not ordered already.
+
+    Pairs that a chain of precedences orders, or whose time windows cannot overlap,
+    get a constant instead. An absent optional op is released from its pairs.
+    """
+    by_resource: dict[object, list[OpVars]] = {}
+    for op in model.vars.ops.values():
+        by_resource.setdefault(op.resource, []).append(op)
+    for ops in by_resource.values():
+        ops.sort(key=lambda o: o.key)
+        for i, u in enumerate(ops):
+            for w in ops[i + 1 :]:
+                _order_pair(model, u, w)
+
+
+def _order_pair(model: MilpModel, u: OpVars, w: OpVars) -> None:
+    v, reach = model.vars, model.reach
+    if w.key in reach[u.key] or u.latest + u.max_duration <= w.earliest:
+        v.order[u.key, w.key] = 1
+        return
+    if u.key in reach[w.key] or w.latest + w.max_duration <= u.earliest:
+        v.order[u.key, w.key] = 0
+        return
+    y = v.binary("y", hint_order(u.key, w.key))
+    v.order[u.key, w.key] = y
+    big_uw = u.latest + u.max_duration - w.earliest
+    big_wu = w.latest + w.max_duration - u.earliest
+    model.lp += w.start >= u.end - big_uw * (1 - y) - _released(u, w, big_uw)
+    model.lp += u.start >= w.end - big_wu * y - _released(u, w, big_wu)
+
+
+def _released(u: OpVars, w: OpVars, big: float) -> Expr:
+    """Slack that switches a pair's constraint off when one of its ops is absent."""
+    slack: Expr = 0
+    for op in (u, w):
+        if op.optional:
+            slack = slack + big * (1 - op.presence)
+    return slack
+
+
+def memory(model: MilpModel) -> None:
+    """At each allocation, the device's activations stay within ``cap - static``.
+
+    Memory peaks right after an allocation, so checking there is enough. At the
+    start of ``a`` we count every allocation that has started (``a`` itself, and
+    the others ordered before it) and subtract every free that has ended. An
+    allocation after ``a`` never counts; a free counts only when its end is at or
+    before ``a``'s start (frees first at equal times, as in ``metrics``). Checks at
+    absent optional ops are switched off.
+    """
+    from pp_opt.solvers.milp.model import allocation_amount, free_amount
+
+    problem = model.problem
+    for device in range(problem.p):
+        own = [o for o in model.vars.ops.values() if o.device == device]
+        allocs = [o for o in own if o.key.kind in ALLOCATING]
+        frees = [o for o in own if o.key.kind in FREEING]
+        budget = problem.devices[device].cap - problem.devices[device].static
+        most = sum(_largest(allocation_amount(model, o.key)) for o in allocs)
+        if most <= budget + 1e-9:
+            continue  # the cap can never bind on this device
+        for a in allocs:
+            level = _scaled(model, allocation_amount(model, a.key), 1, +1)
+            for e in allocs:
+                if e is not a:
+                    ind = _started_by(model, e, a)
+                    level += _scaled(model, allocation_amount(model, e.key), ind, +1)
+            for e in frees:
+                ind = _ended_by(model, e, a)
+                level += _scaled(model, free_amount(model, e.key), ind, -1)
+            relax = most * (1 - a.presence) if a.optional else 0
+            model.lp += level <= budget + relax
+
+
+def _largest(amount: tuple[float, list[tuple[float, object]]]) -> float:
+    const, terms = amount
+    return const + max([0.0] + [c for c, _ in terms if c > 0])
+
+
+def _scaled(
+    model: MilpModel, amount: tuple[float, list[tuple[float, object]]], ind: Expr, sign: int
+) -> Expr:
+    """``sign * amount * ind`` made linear (products of binaries get a bounded helper)."""
+    const, terms = amount
+    expr: Expr = sign * const * ind
+    for coef, var in terms:
+        c = sign * coef
+        if isinstance(ind, int | float):
+            expr = expr + c * ind * var
+        elif c:
+            expr = expr + c * _product(model, var, ind, lower=c > 0)
+    return expr
+
+
+def _product(model: MilpModel, var: object, ind: Expr, *, lower: bool) -> pulp.LpVariable:
+    """A variable equal to ``var * ind`` where it matters: bounded below for terms that
+    add memory (the solver wants them small), above for terms that take it away."""
+    w = model.vars.continuous("w", 0.0, 1.0, hint_product(var, ind))
+    if lower:
+        model.lp += w >= var + ind - 1
+    else:
+        model.lp += w <= var
+        model.lp += w <= ind
+    return w
+
+
+def _started_by(model: MilpModel, e: OpVars, a: OpVars) -> Expr:
+    """1 when allocation ``e`` counts at ``a``'s start (it started first)."""
+    v, reach = model.vars, model.reach
+    if a.key in reach[e.key] or e.latest <= a.earliest:
+        return 1
+    if e.key in reach[a.key] or a.latest < e.earliest:
+        return 0
+    if e.resource == a.resource:
+        return v.before(e.key, a.key)
+    pair = (e.key, a.key) if e.key < a.key else (a.key, e.key)
+    if pair not in v.started:
+        y = v.binary("m", hint_started_by(*pair))
+        first, second = model.vars.ops[pair[0]], model.vars.ops[pair[1]]
+        model.lp += second.start >= first.start - (first.latest - second.earliest) * (1 - y)
+        model.lp += first.start >= second.start - (second.latest - first.earliest) * y
+        v.started[pair] = y
+    y = v.started[pair]
+    return y if pair[0] == e.key else 1 - y
+
+
+def _ended_by(model: MilpModel, e: OpVars, a: OpVars) -> Expr:
+    """1 only when free ``e`` has ended by ``a``'s start (0 is always safe: it under-counts)."""
+    v, reach = model.vars, model.reach
+    if a.key in reach[e.key] or e.latest + e.max_duration <= a.earliest:
+        return 1
+    if e.key in reach[a.key] or a.latest < e.earliest:
+        return 0
+    if e.resource == a.resource:
+        return v.before(e.key, a.key)
+    q = v.binary("q", hint_ended_by(e.key, a.key))
+    model.lp += a.start >= e.end - (e.latest + e.max_duration - a.earliest) * (1 - q)
+    return q

@@ -1,0 +1,160 @@
+"""Decision variables of the MILP: op starts, activation choices, order binaries.
+
+Every binary is registered with a *hint*: a function of a warm-start schedule
+that gives its value there, so a warm start sets every variable consistently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulp
+
+from pp_opt.ops import OpKey, OpKind, Stream
+
+Expr = Any
+"""A PuLP linear expression, a variable or a plain number."""
+
+Resource = tuple[str, int, Stream]
+"""What a disjunctive op occupies: ``("device", d, stream)`` or ``("link", group, stream)``."""
+
+
+@dataclass(kw_only=True, slots=True)
+class WarmValues:
+    """A warm-start schedule as the hints see it (every op present or not, with times)."""
+
+    start: dict[OpKey, float]
+    end: dict[OpKey, float]
+    present: set[OpKey]
+    fraction: dict[tuple[int, int], float]
+    """Offloaded fraction per ``(stage, microbatch)`` (absent when kept)."""
+    recomputed: set[tuple[int, int]]
+    first: list[float]
+    """First start per device (present ops)."""
+    last: list[float]
+    """Last end per device (present ops)."""
+
+    @property
+    def span(self) -> list[float]:
+        return [b - a for a, b in zip(self.first, self.last, strict=True)]
+
+
+Hint = Callable[[WarmValues, dict[str, float]], float]
+"""Value of a variable in a warm start; the dict holds the hints already computed."""
+
+
+@dataclass(kw_only=True, slots=True)
+class OpVars:
+    """One op of the DAG in the model."""
+
+    key: OpKey
+    device: int
+    resource: Resource
+    start: pulp.LpVariable
+    duration: Expr
+    """Time it occupies its stream (an expression for copies and recompute)."""
+    max_duration: float
+    presence: Expr
+    """1 for required ops; the choice binaries' sum for optional ones."""
+    optional: bool
+    earliest: float = 0.0
+    latest: float = 0.0
+    """Latest start in any schedule that ends by the horizon (set by the model)."""
+
+    @property
+    def end(self) -> Expr:
+        return self.start + self.duration
+
+
+@dataclass(kw_only=True, slots=True)
+class Variables:
+    """All variables, created where needed and named so a model file reads well."""
+
+    ops: dict[OpKey, OpVars] = field(default_factory=dict)
+    offload: dict[tuple[int, int], list[tuple[float, pulp.LpVariable]]] = field(
+        default_factory=dict
+    )
+    """Per activation, one binary per allowed fraction (at most one is 1)."""
+    recompute: dict[tuple[int, int], pulp.LpVariable] = field(default_factory=dict)
+    order: dict[tuple[OpKey, OpKey], Expr] = field(default_factory=dict)
+    """``order[u, w]`` is 1 when ``u`` runs before ``w`` on their shared resource."""
+    started: dict[tuple[OpKey, OpKey], pulp.LpVariable] = field(default_factory=dict)
+    """For two allocations on different streams of a device: 1 when the first started first."""
+    hints: list[tuple[pulp.LpVariable, Hint]] = field(default_factory=list)
+    _count: int = 0
+
+    def binary(self, prefix: str, hint: Hint) -> pulp.LpVariable:
+        self._count += 1
+        var = pulp.LpVariable(f"{prefix}_{self._count}", cat=pulp.LpBinary)
+        self.hints.append((var, hint))
+        return var
+
+    def continuous(self, prefix: str, low: float, high: float, hint: Hint) -> pulp.LpVariable:
+        self._count += 1
+        var = pulp.LpVariable(f"{prefix}_{self._count}", lowBound=low, upBound=high)
+        self.hints.append((var, hint))
+        return var
+
+    def before(self, u: OpKey, w: OpKey) -> Expr:
+        """1 when ``u`` precedes ``w`` on their resource (a constant when the order is forced)."""
+        if (u, w) in self.order:
+            return self.order[u, w]
+        return 1 - self.order[w, u]
+
+
+def evaluate(expr: Expr, values: dict[str, float]) -> float:
+    """Value of a linear expression given the variables' values by name."""
+    if isinstance(expr, int | float):
+        return float(expr)
+    if isinstance(expr, pulp.LpVariable):
+        return values[expr.name]
+    return float(expr.constant) + sum(c * values[v.name] for v, c in expr.items())
+
+
+def hint_start(key: OpKey) -> Hint:
+    return lambda warm, _: warm.start[key]
+
+
+def hint_order(u: OpKey, w: OpKey) -> Hint:
+    """``u`` before ``w``: by start, then end (zero-length copies), then key."""
+
+    def value(warm: WarmValues, _: dict[str, float]) -> float:
+        return float((warm.start[u], warm.end[u], u) < (warm.start[w], warm.end[w], w))
+
+    return value
+
+
+def hint_started_by(e: OpKey, a: OpKey) -> Hint:
+    """``e`` has started when ``a`` starts (ties: by key, so exactly one of a pair counts)."""
+
+    def value(warm: WarmValues, _: dict[str, float]) -> float:
+        return float((warm.start[e], e) <= (warm.start[a], a))
+
+    return value
+
+
+def hint_ended_by(e: OpKey, a: OpKey) -> Hint:
+    return lambda warm, _: float(warm.end[e] <= warm.start[a] + 1e-9)
+
+
+def hint_offload(stage: int, microbatch: int, fraction: float) -> Hint:
+    def value(warm: WarmValues, _: dict[str, float]) -> float:
+        got = warm.fraction.get((stage, microbatch))
+        return float(got is not None and abs(got - fraction) <= 1e-9)
+
+    return value
+
+
+def hint_recompute(stage: int, microbatch: int) -> Hint:
+    return lambda warm, _: float((stage, microbatch) in warm.recomputed)
+
+
+def hint_product(a: Expr, b: Expr) -> Hint:
+    return lambda _, values: evaluate(a, values) * evaluate(b, values)
+
+
+def is_forward_chain_kind(kind: OpKind) -> bool:
+    """Kinds kept in microbatch order on every stage (see ``constraints.symmetry``)."""
+    return kind in (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
