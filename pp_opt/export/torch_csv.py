@@ -1,0 +1,282 @@
+"""PyTorch pipelining CSV (DESIGN.md §6): the per-rank action order that
+``torch.distributed.pipelining._PipelineScheduleRuntime._load_csv`` runs.
+
+One row per rank; each cell is ``{stage}{type}{microbatch}`` with ``F`` forward,
+``I`` backward-input (our ``B``), ``W`` backward-weight and ``B`` fused backward
+(our ``BW``). ``compute_only`` lists compute actions in the schedule's order and
+lets PyTorch add communication; ``compute_comms`` also places
+``SEND_F/RECV_F/SEND_B/RECV_B`` and ``{stage}REDUCE_GRAD`` where the solved times
+put them: a send right after the op that produces it, a receive at the time its
+message is sent (before the op that consumes it), so receives between two ranks
+are posted in the order the sends are.
+
+PyTorch has no offload action: :func:`torch_actions` with ``with_offload=True``
+also yields ``OFFLOAD``/``RELOAD`` actions, which only :mod:`pp_opt.runtime`
+executes. This module does not import torch.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from pp_opt.errors import PPOptError, ProblemError
+from pp_opt.ops import OpKey, OpKind, Stream
+from pp_opt.problem import Problem
+from pp_opt.schedule import Schedule, ScheduledOp
+
+logger = logging.getLogger(__name__)
+
+FORMATS = ("compute_only", "compute_comms")
+TORCH_TYPE = {OpKind.F: "F", OpKind.B: "I", OpKind.W: "W", OpKind.BW: "B"}
+"""PyTorch's action letter of each compute op kind."""
+COPY_KINDS = (OpKind.OFFLOAD, OpKind.RELOAD)
+_TIME_EPS = 1e-9
+
+
+class TorchAction(NamedTuple):
+    """One cell of the CSV: an action of one rank, written ``{stage}{kind}{microbatch}``."""
+
+    stage: int
+    kind: str
+    """``F``, ``I``, ``W``, ``B``, ``SEND_F``, ``RECV_F``, ``SEND_B``, ``RECV_B``,
+    ``REDUCE_GRAD``, or (runtime only) ``OFFLOAD`` / ``RELOAD``."""
+    microbatch: int | None = None
+
+    def __str__(self) -> str:
+        mb = "" if self.microbatch is None else str(self.microbatch)
+        return f"{self.stage}{self.kind}{mb}"
+
+    @property
+    def is_compute(self) -> bool:
+        return self.kind in ("F", "I", "W", "B")
+
+
+def torch_csv_rows(
+    schedule: Schedule, *, format: str = "compute_only", drop_offload: bool = False
+) -> list[list[str]]:
+    """The CSV cells, one list per rank.
+
+    Parameters
+    ----------
+    schedule
+        A timed schedule; its per-device compute order becomes each rank's row.
+    format
+        ``compute_only`` (PyTorch adds communication itself) or ``compute_comms``.
+    drop_offload
+        A schedule with ``OFFLOAD``/``RELOAD`` ops cannot run on plain PyTorch:
+        by default this raises; ``True`` writes its compute order without them
+        (the activations then stay on the GPU) and logs a warning.
+    """
+    _refuse_offload(schedule, drop_offload)
+    actions = torch_actions(schedule, format=format, with_offload=False)
+    return [[str(a) for a in actions[rank]] for rank in range(schedule.problem.p)]
+
+
+def write_torch_csv(
+    schedule: Schedule,
+    path: str | Path,
+    *,
+    format: str = "compute_only",
+    drop_offload: bool = False,
+) -> None:
+    """Write :func:`torch_csv_rows` to ``path`` for ``_PipelineScheduleRuntime._load_csv``.
+
+    Load it with the same ``format`` and with ``n_microbatches`` equal to the
+    schedule's ``m``; each stage must live on the rank the schedule gives it.
+    """
+    rows = torch_csv_rows(schedule, format=format, drop_offload=drop_offload)
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+
+
+def torch_actions(
+    schedule: Schedule, *, format: str = "compute_only", with_offload: bool = False
+) -> dict[int, list[TorchAction]]:
+    """Per rank, the actions in execution order (``OFFLOAD``/``RELOAD`` included on request)."""
+    if format not in FORMATS:
+        raise ProblemError("format", f"unknown {format!r}; use 'compute_only' or 'compute_comms'")
+    problem = schedule.problem
+    recomputed = [op for op in schedule.ops if op.kind is OpKind.R]
+    if recomputed:
+        raise PPOptError(
+            f"the schedule recomputes {len(recomputed)} forwards (R ops); PyTorch pipelining "
+            "has no recompute action: solve without recompute, or checkpoint inside the model"
+        )
+    blocks = {rank: _rank_blocks(schedule, rank, format) for rank in range(problem.p)}
+    if format == "compute_comms":
+        _insert_receives(problem, blocks)
+    return {
+        rank: [
+            a
+            for block in blocks[rank]
+            for a in block.actions
+            if with_offload or a.kind not in ("OFFLOAD", "RELOAD")
+        ]
+        for rank in range(problem.p)
+    }
+
+
+def has_offload(schedule: Schedule) -> bool:
+    return any(op.kind in COPY_KINDS for op in schedule.ops)
+
+
+def _refuse_offload(schedule: Schedule, drop_offload: bool) -> None:
+    count = sum(1 for op in schedule.ops if op.kind is OpKind.OFFLOAD)
+    if not count:
+        return
+    message = (
+        f"the schedule offloads {count} activations; plain PyTorch pipelining cannot run "
+        "OFFLOAD/RELOAD ops. Run it with pp_opt.runtime.build_pipeline_schedule"
+    )
+    if not drop_offload:
+        raise PPOptError(message + ", or export it without offload (drop_offload=True)")
+    logger.warning("%s; writing the compute order only, activations stay on the GPU", message)
+
+
+@dataclass(slots=True)
+class _Block:
+    """Actions a rank runs together: one compute op with its sends (and
+    REDUCE_GRAD), or one copy op; ``end`` is when its sends are issued."""
+
+    start: float
+    end: float
+    actions: list[TorchAction]
+
+
+def _rank_blocks(schedule: Schedule, rank: int, format: str) -> list[_Block]:
+    problem = schedule.problem
+    comms = format == "compute_comms"
+    last_backward = _last_backward(schedule, rank)
+    blocks = []
+    for op in _merge_streams(schedule, rank):
+        if op.kind in COPY_KINDS:
+            action = TorchAction(op.stage, op.kind.value, op.microbatch)
+            blocks.append(_Block(start=op.start, end=op.end, actions=[action]))
+            continue
+        actions = [TorchAction(op.stage, TORCH_TYPE[op.kind], op.microbatch)]
+        if comms:
+            actions += _sends(problem, op)
+            if last_backward.get(op.stage) == op.key:
+                actions.append(TorchAction(op.stage, "REDUCE_GRAD"))
+        blocks.append(_Block(start=op.start, end=op.end, actions=actions))
+    return blocks
+
+
+def _merge_streams(schedule: Schedule, rank: int) -> list[ScheduledOp]:
+    """The device's compute and copy ops as one sequence, by start time, never
+    putting an offload before its forward, a reload before its offload, or a
+    backward before its reload (ties: reload, then offload, then compute, so a
+    copy is issued as early as its time allows)."""
+    queues = [schedule.stream_order(rank, stream) for stream in Stream]
+    reloads = {(op.stage, op.microbatch) for op in queues[2]}
+    done: set[tuple[OpKind, int, int]] = set()
+    heads = [0] * len(queues)
+    tie = {OpKind.RELOAD: 0, OpKind.OFFLOAD: 1}
+
+    def ready(op: ScheduledOp) -> bool:
+        pair = (op.stage, op.microbatch)
+        if op.kind is OpKind.OFFLOAD:
+            return (OpKind.F, *pair) in done
+        if op.kind is OpKind.RELOAD:
+            return (OpKind.OFFLOAD, *pair) in done
+        if op.kind in (OpKind.B, OpKind.BW) and pair in reloads:
+            return (OpKind.RELOAD, *pair) in done
+        return True
+
+    merged: list[ScheduledOp] = []
+    while any(h < len(q) for h, q in zip(heads, queues, strict=True)):
+        candidates = [
+            (q[h].start, tie.get(q[h].kind, 2), i)
+            for i, (h, q) in enumerate(zip(heads, queues, strict=True))
+            if h < len(q) and ready(q[h])
+        ]
+        if not candidates:
+            stuck = [str(q[h].key) for h, q in zip(heads, queues, strict=True) if h < len(q)]
+            raise PPOptError(f"device {rank}: its streams wait on each other ({', '.join(stuck)})")
+        i = min(candidates)[2]
+        op = queues[i][heads[i]]
+        heads[i] += 1
+        done.add((op.kind, op.stage, op.microbatch))
+        merged.append(op)
+    return merged
+
+
+def _last_backward(schedule: Schedule, rank: int) -> dict[int, OpKey]:
+    """Per stage, the op after which PyTorch reduces its gradients (last ``W`` or ``BW``)."""
+    last: dict[int, OpKey] = {}
+    for op in schedule.stream_order(rank, Stream.COMPUTE):
+        if op.kind in (OpKind.W, OpKind.BW):
+            last[op.stage] = op.key
+    return last
+
+
+def _sends(problem: Problem, op: ScheduledOp) -> list[TorchAction]:
+    """The send of what ``op`` produces, when the stage that needs it is on another rank."""
+    if op.kind is OpKind.F:
+        peer, kind = op.stage + 1, "SEND_F"
+    elif op.kind in (OpKind.B, OpKind.BW):
+        peer, kind = op.stage - 1, "SEND_B"
+    else:
+        return []
+    if not 0 <= peer < problem.num_stages or problem.device_of(peer) == problem.device_of(op.stage):
+        return []
+    return [TorchAction(op.stage, kind, op.microbatch)]
+
+
+class _Recv(NamedTuple):
+    sender: int
+    seq: int
+    """Position of the send's block on the sender (the order sends are issued in)."""
+    time: float
+    action: TorchAction
+
+
+def _insert_receives(problem: Problem, blocks: dict[int, list[_Block]]) -> None:
+    """Put each receive on its rank at the time its send is issued.
+
+    A receive goes before the first block that starts at or after its send time,
+    never after the compute op that consumes it, and receives from one peer keep
+    the order of that peer's sends (point-to-point messages match in order).
+    """
+    incoming: dict[int, list[_Recv]] = {}
+    for rank, rank_blocks in blocks.items():
+        for seq, block in enumerate(rank_blocks):
+            for send in block.actions:
+                if send.kind in ("SEND_F", "SEND_B"):
+                    forward = send.kind == "SEND_F"
+                    stage = send.stage + 1 if forward else send.stage - 1
+                    kind = "RECV_F" if forward else "RECV_B"
+                    incoming.setdefault(problem.device_of(stage), []).append(
+                        _Recv(rank, seq, block.end, TorchAction(stage, kind, send.microbatch))
+                    )
+    for rank, recvs in incoming.items():
+        rank_blocks = blocks[rank]
+        consumer = {
+            (a.stage, a.kind in ("I", "B"), a.microbatch): i
+            for i, b in enumerate(rank_blocks)
+            for a in b.actions[:1]
+            if a.kind in ("F", "I", "B")
+        }
+        starts = [b.start for b in rank_blocks]
+        placed: dict[int, list[_Recv]] = {}
+        last_of_sender: dict[int, int] = {}
+        for recv in sorted(recvs, key=lambda r: (r.sender, r.seq)):
+            a = recv.action
+            limit = consumer[(a.stage, a.kind == "RECV_B", a.microbatch)]
+            at_time = next((i for i, t in enumerate(starts) if t >= recv.time - _TIME_EPS), limit)
+            pos = max(min(at_time, limit), last_of_sender.get(recv.sender, 0))
+            if pos > limit:
+                raise PPOptError(
+                    f"rank {rank}: {a} cannot be received in the order its peer sends; "
+                    "the schedule's times contradict its op order (re-time it with retime)"
+                )
+            last_of_sender[recv.sender] = pos
+            placed.setdefault(pos, []).append(recv)
+        for pos in sorted(placed, reverse=True):
+            # Within one position, receives follow their send times.
+            order = [r.action for r in sorted(placed[pos], key=lambda r: (r.time, r.sender, r.seq))]
+            rank_blocks.insert(pos, _Block(start=starts[pos], end=starts[pos], actions=order))
