@@ -173,7 +173,10 @@ def save_figure(
     plot_memory(schedule, memory)
     gantt.set_xlabel("")
     fig.suptitle(title_line(schedule), fontsize=11)
-    fig.savefig(path, format=fmt, dpi=dpi)
+    from matplotlib import rc_context
+
+    with rc_context({"svg.fonttype": "none"}):  # SVG text stays text: smaller, searchable
+        fig.savefig(path, format=fmt, dpi=dpi)
 
 
 def title_line(schedule: Schedule) -> str:
@@ -309,8 +312,9 @@ def _label_row(
         text = str(op.microbatch)
         if op.duration * px_per_time * 0.9 < len(text) * digit_px + 2.0:
             continue
-        ax.text(op.start + op.duration / 2, y, text, ha="center", va="center",
-                fontsize=size, color="black", clip_on=True)  # fmt: skip
+        label = ax.text(op.start + op.duration / 2, y, text, ha="center", va="center",
+                        fontsize=size, color="black", clip_on=True)  # fmt: skip
+        label.set_in_layout(False)  # inside the axes: constrained layout need not measure it
 
 
 def _style_gantt(
