@@ -15,12 +15,13 @@ import time
 import networkx as nx
 
 from pp_opt.metrics import compute_metrics
-from pp_opt.ops import OpKind, duration, stream_of
+from pp_opt.ops import OpKind
 from pp_opt.problem import Problem
 from pp_opt.schedule import ScheduledOp
 from pp_opt.solvers.base import BackendResult, Progress, SolveOptions
 from pp_opt.solvers.milp.backends import BACKENDS, RunSettings, run_backend
-from pp_opt.solvers.milp.model import MilpModel, build_model
+from pp_opt.solvers.milp.model import build_model
+from pp_opt.solvers.milp.solution import read_ops
 from pp_opt.solvers.milp.warm import apply_warm_start, warm_ops, warm_values
 
 __all__ = ["BACKENDS", "solve_milp"]
@@ -69,7 +70,7 @@ def solve_milp(
         started=started,
     )
     outcome = run_backend(model.lp, backend, settings)
-    found = _timed_ops(model) if outcome.has_solution else None
+    found = read_ops(model) if outcome.has_solution else None
     value = _objective(problem, found, options.objective) if found else None
     status = "optimal" if outcome.proved_optimal and found else "feasible"
     if warm and (value is None or value > warm_value + 1e-9 * max(1.0, abs(warm_value))):
@@ -106,27 +107,6 @@ def _horizon(
         return min(serial, warm_value) if warm_value is not None else serial
     best = min(serial, warm_value) if warm_value is not None else serial
     return problem.p * best + (problem.p - 1) * problem.t_comm
-
-
-def _timed_ops(model: MilpModel) -> tuple[ScheduledOp, ...]:
-    """The present ops with their solved starts (ends from the cost rules, not the LP)."""
-    problem, v = model.problem, model.vars
-    timed = []
-    for key, op in v.ops.items():
-        fraction = 1.0
-        if key.kind in (OpKind.OFFLOAD, OpKind.RELOAD):
-            chosen = [f for f, z in v.offload[key.stage, key.microbatch] if (z.varValue or 0) > 0.5]
-            if not chosen:
-                continue
-            fraction = chosen[0]
-        elif key.kind is OpKind.R and (v.recompute[key.stage, key.microbatch].varValue or 0) < 0.5:
-            continue
-        start = max(0.0, round(float(op.start.varValue or 0.0), 9))
-        end = start + duration(problem, key.kind, key.stage, fraction)
-        timed.append(ScheduledOp(key.kind, key.stage, key.microbatch, stream_of(key.kind), start,
-                                 end, fraction))  # fmt: skip
-    timed.sort(key=lambda o: (o.start, o.stage, o.microbatch))
-    return tuple(timed)
 
 
 def _objective(problem: Problem, ops: tuple[ScheduledOp, ...], objective: str) -> float:

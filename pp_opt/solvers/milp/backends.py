@@ -50,11 +50,13 @@ def run_backend(lp: pulp.LpProblem, backend: str, settings: RunSettings) -> RunO
 
 
 def _cbc_command(settings: RunSettings, log_path: str) -> pulp.LpSolver:
-    # 100 + n threads makes CBC's parallel search repeatable (its own documentation);
-    # the seeds fix CBC's and CLP's random choices (0 would mean "from the clock").
+    # CBC runs on one thread: its repeatable parallel mode (``threads 100+n``)
+    # crashes in the CBC 2.10.3 that ships with PuLP, and its other parallel modes
+    # are not repeatable, while the same seed must give the same schedule. The
+    # seeds fix CBC's and CLP's random choices (0 would mean "from the clock").
     options = [f"randomCbcSeed {settings.seed + 1}", f"randomSeed {settings.seed + 1}"]
     if settings.threads > 1:
-        options.append(f"threads {100 + settings.threads}")
+        log.debug("CBC runs single-threaded (repeatable); %d threads ignored", settings.threads)
     kwargs = dict(
         msg=False,
         timeLimit=max(settings.time_limit, 0.1),

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pulp
 
-from pp_opt.ops import OpKey, OpKind
+from pp_opt.ops import OpKind
 from pp_opt.solvers.milp.variables import (
     Expr,
     OpVars,
@@ -18,7 +18,6 @@ from pp_opt.solvers.milp.variables import (
     hint_order,
     hint_product,
     hint_started_by,
-    is_forward_chain_kind,
 )
 
 if TYPE_CHECKING:
@@ -53,29 +52,24 @@ def precedence(model: MilpModel) -> None:
 
 
 def symmetry(model: MilpModel) -> None:
-    """Same-kind compute ops (``F``, ``B``, ``W``, ``BW``) of a stage run in microbatch order.
+    """Microbatches in order where that loses no optimum (the same rule as the CP-SAT model).
 
-    Why this keeps an optimum: microbatches are identical, so take any schedule and,
-    on every stage and for each of these kinds, give the k-th op in time the label k,
-    keeping every time. Each chain of the DAG (``F`` of stage s-1 to ``F`` of stage s,
+    Microbatches are interchangeable, so renumbering them by the start of their
+    stage-0 forward keeps every schedule valid: ``F(0, j)`` before ``F(0, j + 1)``
+    is always safe. Without offload and recompute every activation of a stage has
+    the same costs and memory events, so each kind (``F``, ``B``, ``W``, ``BW``)
+    can be renumbered on each stage by its own order: give the k-th op in time the
+    label k, keeping every time. Each DAG chain (``F`` of stage s-1 to ``F`` of s,
     ``B`` of s+1 to ``B`` of s, the last stage's ``F`` to its ``B``, ``B`` to ``W``)
     links one op per microbatch on each side with ``start(w_j) >= end(u_j) + latency``;
-    sorting both sides keeps that (the k-th smallest of larger numbers is larger), and
-    ops of one stage and kind have equal durations. Streams see the same busy
-    intervals, and memory on a device depends only on how many ops of each kind
-    have started or ended on each stage, not on their labels. So the relabelled
-    schedule is valid with the same objective. With offload or recompute, the copies
-    and ``R`` of an activation must also fit between its ``F`` and ``B`` after
-    relabelling; we apply the same rule there, as the CP-SAT model does (the MILP
-    can be built without it, ``symmetry=False``, to check on small instances).
+    sorting both sides keeps that (the k-th smallest of larger numbers is larger).
+    Streams see the same busy intervals, and memory only counts how many ops of
+    each kind started or ended on a stage. With offload or recompute activations
+    differ in their choice, so only the stage-0 forwards are ordered.
     """
-    if not model.symmetry:
-        return
     ops = model.vars.ops
-    for key, op in ops.items():
-        if is_forward_chain_kind(key.kind) and key.microbatch > 0:
-            prev = ops[OpKey(key.kind, key.stage, key.microbatch - 1)]
-            model.lp += op.start >= prev.end
+    for u, w in model.chains:
+        model.lp += ops[w].start >= ops[u].end
 
 
 def disjunctive(model: MilpModel) -> None:

@@ -22,8 +22,9 @@ from pp_opt.solvers.milp.variables import (
     hint_offload,
     hint_recompute,
     hint_start,
-    is_forward_chain_kind,
 )
+
+SYMMETRIC_KINDS = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -40,6 +41,8 @@ class MilpModel:
     fractions: tuple[float, ...]
     graph: nx.DiGraph = field(repr=False)
     """The DAG plus the symmetry-breaking chains: every precedence the model enforces."""
+    chains: list[tuple[OpKey, OpKey]] = field(default_factory=list)
+    """Symmetry breaking: ``(u, w)`` with ``u`` the previous microbatch's op of ``w``'s kind."""
     reach: dict[OpKey, set[OpKey]] = field(repr=False, default_factory=dict)
     """``reach[u]``: ops that start only after ``u`` ends, in every schedule of the model."""
 
@@ -140,10 +143,17 @@ def _resource(problem: Problem, device: int, stream: Stream) -> Resource:
 
 
 def _add_symmetry_edges(model: MilpModel) -> None:
-    """Chain same-kind compute ops of each stage in microbatch order (``constraints.symmetry``)."""
+    """The microbatch-order chains of ``constraints.symmetry``, also used as precedences."""
+    v = model.vars
+    if v.offload or v.recompute:
+        kinds: tuple[OpKind, ...] = (OpKind.F,)
+        stages: range = range(1)
+    else:
+        kinds, stages = SYMMETRIC_KINDS, range(model.problem.num_stages)
     for key in model.dag.nodes:
-        if is_forward_chain_kind(key.kind) and key.microbatch > 0:
+        if key.kind in kinds and key.stage in stages and key.microbatch > 0:
             prev = OpKey(key.kind, key.stage, key.microbatch - 1)
+            model.chains.append((prev, key))
             model.graph.add_edge(prev, key, latency=0.0)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pulp
 
-from pp_opt.ops import OpKey, OpKind, Stream
+from pp_opt.ops import OpKey, Stream
 
 Expr = Any
 """A PuLP linear expression, a variable or a plain number."""
@@ -153,8 +153,3 @@ def hint_recompute(stage: int, microbatch: int) -> Hint:
 
 def hint_product(a: Expr, b: Expr) -> Hint:
     return lambda _, values: evaluate(a, values) * evaluate(b, values)
-
-
-def is_forward_chain_kind(kind: OpKind) -> bool:
-    """Kinds kept in microbatch order on every stage (see ``constraints.symmetry``)."""
-    return kind in (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
