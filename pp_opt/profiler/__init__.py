@@ -1,0 +1,115 @@
+"""Cost profiler: from a model card, a hardware card and a parallel layout to stage costs.
+
+``profile_costs`` returns the cost profile JSON (``"format": "pp-opt.costs"``);
+``profile_problem`` returns the Problem it describes. Costs come from formulas (analytic, the
+default) or from timing real PyTorch modules on the device at hand (``measure=True``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pp_opt.problem import Problem
+from pp_opt.profiler.analytic import profile_analytic
+from pp_opt.profiler.cards import (
+    HardwareCard,
+    ModelCard,
+    load_hardware_card,
+    load_model_card,
+)
+from pp_opt.profiler.costs import costs_dict, problem_from_costs
+from pp_opt.profiler.layout import Layout, make_layout
+
+__all__ = [
+    "HardwareCard",
+    "Layout",
+    "ModelCard",
+    "load_hardware_card",
+    "load_model_card",
+    "problem_from_costs",
+    "profile_costs",
+    "profile_problem",
+]
+
+
+def profile_costs(
+    *,
+    model: str | Path | ModelCard,
+    hardware: str | Path | HardwareCard,
+    pp: int,
+    vpp: int = 1,
+    placement: str = "loop",
+    microbatches: int,
+    mbs: int = 1,
+    seq: int | None = None,
+    tp: int = 1,
+    layers: list[int] | None = None,
+    measure: bool = False,
+    recompute: str = "none",
+    bytes_per_param: float = 16.0,
+    repeats: int = 10,
+    warmup: int = 2,
+) -> dict[str, Any]:
+    """Profile one layout and return its cost profile JSON (a dict).
+
+    Parameters
+    ----------
+    model, hardware
+        Card paths, bundled card names (``"llama2-7b"``, ``"a100-80gb"``) or loaded cards.
+    pp, vpp, placement
+        Pipeline size, chunks per device and ``loop``/``v`` placement (``v`` implies vpp 2).
+    microbatches, mbs, seq
+        Microbatches per iteration, sequences per microbatch, sequence length (card default).
+    tp
+        Tensor-parallel degree; sequence parallelism is assumed (all activations split).
+    layers
+        Decoder layers per stage when they do not split evenly (``pp * vpp`` entries).
+    measure
+        Time and measure one layer (and the output layer) with PyTorch on CUDA if present,
+        else CPU, instead of using formulas. Static memory, caps and links stay analytic.
+    recompute
+        ``none`` or ``selective`` (attention core recomputed in B, score matrix not kept).
+    bytes_per_param
+        Static bytes per parameter (16: bf16 weights and grads, fp32 master and Adam moments).
+    repeats, warmup
+        Timed and untimed runs per measurement (``measure`` only).
+    """
+    card = load_model_card(model)
+    hw = load_hardware_card(hardware)
+    layout = make_layout(
+        card, pp=pp, vpp=vpp, placement=placement, microbatches=microbatches, mbs=mbs, seq=seq,
+        tp=tp, layers=layers, recompute=recompute, bytes_per_param=bytes_per_param,
+    )  # fmt: skip
+    profile = profile_analytic(card, hw, layout)
+    kind = "analytic"
+    if measure:
+        from pp_opt.profiler.measured import measure_profile
+
+        profile = measure_profile(card, hw, layout, profile, repeats=repeats, warmup=warmup)
+        kind = "measured"
+    return costs_dict(kind=kind, card=card, hw=hw, layout=layout, **profile)
+
+
+def profile_problem(
+    *,
+    model: str | Path | ModelCard,
+    hardware: str | Path | HardwareCard,
+    pp: int,
+    vpp: int = 1,
+    placement: str = "loop",
+    microbatches: int,
+    mbs: int = 1,
+    seq: int | None = None,
+    tp: int = 1,
+    layers: list[int] | None = None,
+    measure: bool = False,
+    **options: Any,
+) -> Problem:
+    """Profile one layout and return the Problem to solve (see :func:`profile_costs`)."""
+    data = profile_costs(
+        model=model, hardware=hardware, pp=pp, vpp=vpp, placement=placement,
+        microbatches=microbatches, mbs=mbs, seq=seq, tp=tp, layers=layers, measure=measure,
+        **options,
+    )  # fmt: skip
+    return problem_from_costs(data)

@@ -1,0 +1,251 @@
+"""Model and hardware cards: small TOML files that describe a decoder model and a GPU node.
+
+Cards live in ``models/`` at the repository root; each number there cites its source. A card
+is loaded by path or by bundled name (``"llama2-7b"`` finds ``models/llama2-7b.toml``), and
+every key is checked, so a typo fails at once instead of silently using a default.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from pp_opt.errors import ProblemError
+
+MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
+"""Bundled cards (the repository's ``models/`` folder)."""
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+GIB = 1024**3
+GB = 1e9
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ModelCard:
+    """Shape of a transformer decoder: enough to count its FLOPs, bytes and parameters."""
+
+    name: str
+    """A label, usually the file stem."""
+    layers: int
+    """Number of decoder layers."""
+    hidden: int
+    """Hidden size ``h``."""
+    heads: int
+    """Attention (query) heads ``a``."""
+    kv_heads: int = 0
+    """Key/value heads (grouped-query attention); 0 means ``heads``."""
+    ffn: int = 0
+    """MLP inner size ``f``; 0 means ``4h``."""
+    vocab: int
+    """Vocabulary size (padded as the training framework pads it)."""
+    seq: int
+    """Default sequence length ``s``."""
+    mlp: str = "gelu"
+    """``gelu`` (two matrices) or ``swiglu`` (gate, up and down matrices)."""
+    norm: str = "layernorm"
+    """``layernorm`` or ``rmsnorm``."""
+    attention: str = "eager"
+    """``eager`` keeps the ``a s x s`` score matrix for backward; ``flash`` is a fused kernel."""
+    dropout: float = 0.0
+    """Dropout probability after attention scores, attention output and MLP (0 = no dropout)."""
+    dtype: str = "bf16"
+    """Activation and parameter dtype: ``bf16``, ``fp16`` or ``fp32``."""
+    bias: bool = True
+    """Linear layers carry biases."""
+    position: str = "learned"
+    """``learned`` position embeddings (``s x h`` table) or ``rope`` (no parameters)."""
+
+    def __post_init__(self) -> None:
+        for key in ("layers", "hidden", "heads", "vocab", "seq"):
+            _positive_int(f"model.{key}", getattr(self, key))
+        for key in ("kv_heads", "ffn"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ProblemError(f"model.{key}", f"got {value!r}; expected an integer >= 0")
+        if self.hidden % self.heads:
+            raise ProblemError("model.heads", f"{self.heads} does not divide hidden {self.hidden}")
+        if self.heads % self.num_kv_heads:
+            raise ProblemError(
+                "model.kv_heads", f"{self.num_kv_heads} does not divide heads {self.heads}"
+            )
+        _choice("model.mlp", self.mlp, ("gelu", "swiglu"))
+        _choice("model.norm", self.norm, ("layernorm", "rmsnorm"))
+        _choice("model.attention", self.attention, ("eager", "flash"))
+        _choice("model.dtype", self.dtype, tuple(DTYPE_BYTES))
+        _choice("model.position", self.position, ("learned", "rope"))
+        if not isinstance(self.dropout, int | float) or not 0.0 <= self.dropout < 1.0:
+            raise ProblemError("model.dropout", f"got {self.dropout!r}; expected 0 <= dropout < 1")
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn or 4 * self.hidden
+
+    @property
+    def kv_hidden(self) -> int:
+        """Width of the key (or value) projection: ``kv_heads * h / heads``."""
+        return self.num_kv_heads * (self.hidden // self.heads)
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class HardwareCard:
+    """One GPU model in its node: compute, memory, host link and neighbour links."""
+
+    name: str
+    """A label, usually the file stem."""
+    peak_tflops: float
+    """Dense peak of the model's dtype on tensor cores, in 1e12 FLOP/s."""
+    gemm_efficiency: float
+    """Fraction of the peak large training GEMMs reach."""
+    hbm_gib: float
+    """GPU memory in GiB."""
+    hbm_gbs: float
+    """GPU memory bandwidth in GB/s (1e9 bytes/s)."""
+    hbm_efficiency: float = 1.0
+    """Fraction of the memory bandwidth elementwise kernels reach."""
+    d2h_gbs: float
+    """Effective device-to-host copy bandwidth (pinned memory), GB/s."""
+    h2d_gbs: float
+    """Effective host-to-device copy bandwidth (pinned memory), GB/s."""
+    gpus_per_node: int = 8
+    """GPUs per node (pipeline neighbours beyond it talk over the inter-node network)."""
+    gpus_per_host_link: int = 1
+    """GPUs that share one host (PCIe) link for offload and reload copies."""
+    intra_node_gbs: float
+    """Point-to-point bandwidth between GPUs of one node, each way, GB/s."""
+    intra_node_latency_us: float = 10.0
+    """Latency of one point-to-point message inside a node, microseconds."""
+    inter_node_gbs: float
+    """Point-to-point bandwidth between nodes per GPU, each way, GB/s."""
+    inter_node_latency_us: float = 20.0
+    """Latency of one point-to-point message between nodes, microseconds."""
+    reserve_gib: float = 4.0
+    """Memory kept free of the cap: CUDA context, communication buffers, fragmentation."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if f.name == "name":
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ProblemError(f"hardware.{f.name}", f"got {value!r}; expected a number >= 0")
+        for key in ("peak_tflops", "gemm_efficiency", "hbm_gib", "hbm_gbs", "hbm_efficiency"):
+            if getattr(self, key) <= 0:
+                raise ProblemError(f"hardware.{key}", "must be greater than 0")
+        for key in ("gemm_efficiency", "hbm_efficiency"):
+            if getattr(self, key) > 1:
+                raise ProblemError(f"hardware.{key}", "is a fraction of the peak; give at most 1")
+        for key in ("d2h_gbs", "h2d_gbs", "intra_node_gbs", "inter_node_gbs"):
+            if getattr(self, key) <= 0:
+                raise ProblemError(f"hardware.{key}", "must be greater than 0 (a bandwidth)")
+        for key in ("gpus_per_node", "gpus_per_host_link"):
+            _positive_int(f"hardware.{key}", getattr(self, key))
+        if self.reserve_gib >= self.hbm_gib:
+            raise ProblemError("hardware.reserve_gib", "must be smaller than hbm_gib")
+
+    @property
+    def peak_flops(self) -> float:
+        return self.peak_tflops * 1e12
+
+    @property
+    def cap_bytes(self) -> float:
+        """The memory cap a device gets: HBM minus the reserve."""
+        return (self.hbm_gib - self.reserve_gib) * GIB
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _positive_int(field: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ProblemError(field, f"got {value!r}; expected an integer >= 1")
+
+
+def _choice(field: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ProblemError(field, f"unknown {value!r}; use one of {', '.join(allowed)}")
+
+
+def _card_from(kind: str, cls: type, data: Mapping[str, Any], default_name: str) -> Any:
+    allowed = [f.name for f in fields(cls)]
+    for key in data:
+        if key not in allowed:
+            raise ProblemError(
+                f"{kind}.{key}", f"unknown key; allowed keys are {', '.join(allowed)}"
+            )
+    required = [
+        f.name
+        for f in fields(cls)
+        if f.name != "name" and f.default is f.default_factory  # both MISSING: required
+    ]
+    missing = [key for key in required if key not in data]
+    if missing:
+        raise ProblemError(
+            f"{kind}.{missing[0]}", f"missing; a {kind} card needs {', '.join(required)}"
+        )
+    return cls(**{"name": default_name, **data})
+
+
+def _read_card(kind: str, where: str | Path) -> tuple[dict[str, Any], str]:
+    path = Path(where)
+    if not path.is_file():
+        bundled = MODELS_DIR / f"{where}.toml"
+        if isinstance(where, str) and bundled.is_file():
+            path = bundled
+        else:
+            names = sorted(p.stem for p in MODELS_DIR.glob("*.toml")) if MODELS_DIR.is_dir() else []
+            raise ProblemError(
+                kind, f"{where}: no such card file; give a .toml path or one of {', '.join(names)}"
+            )
+    try:
+        return tomllib.loads(path.read_text()), path.stem
+    except tomllib.TOMLDecodeError as err:
+        raise ProblemError(kind, f"{path}: not valid TOML ({err})") from None
+
+
+def model_card_from_dict(data: Mapping[str, Any], name: str = "model") -> ModelCard:
+    """Check a model card given as a dict (the TOML keys)."""
+    return _card_from("model", ModelCard, data, name)
+
+
+def hardware_card_from_dict(data: Mapping[str, Any], name: str = "hardware") -> HardwareCard:
+    """Check a hardware card given as a dict (the TOML keys)."""
+    return _card_from("hardware", HardwareCard, data, name)
+
+
+def load_model_card(where: str | Path | ModelCard) -> ModelCard:
+    """Load a model card from a TOML path or a bundled name (``models/<name>.toml``)."""
+    if isinstance(where, ModelCard):
+        return where
+    data, stem = _read_card("model", where)
+    return model_card_from_dict(data, stem)
+
+
+def load_hardware_card(where: str | Path | HardwareCard) -> HardwareCard:
+    """Load a hardware card from a TOML path or a bundled name (``models/<name>.toml``)."""
+    if isinstance(where, HardwareCard):
+        return where
+    data, stem = _read_card("hardware", where)
+    return hardware_card_from_dict(data, stem)
+
+
+def bundled_cards() -> dict[str, list[str]]:
+    """Names of the bundled model and hardware cards (hardware cards have ``peak_tflops``)."""
+    out: dict[str, list[str]] = {"model": [], "hardware": []}
+    for path in sorted(MODELS_DIR.glob("*.toml")):
+        kind = "hardware" if "peak_tflops" in tomllib.loads(path.read_text()) else "model"
+        out[kind].append(path.stem)
+    return out

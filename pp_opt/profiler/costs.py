@@ -1,0 +1,114 @@
+"""The cost profile JSON (``"format": "pp-opt.costs"``) and the Problem it describes.
+
+A cost profile is a valid problem input: the top level carries every field of the problem
+(as ``pp-opt.problem`` does, memory in bytes, times in ms), and ``profile`` carries where the
+numbers came from: the kind (``analytic`` or ``measured``), the model and hardware cards, the
+layout, per-stage details and, for measured profiles, the environment and the raw timings.
+:func:`problem_from_costs` keeps ``profile`` in ``Problem.extra["profile"]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pp_opt.errors import ProblemError
+from pp_opt.problem import Problem
+from pp_opt.problem_io import problem_from_dict
+from pp_opt.profiler.analytic import StageCost
+from pp_opt.profiler.cards import HardwareCard, ModelCard
+from pp_opt.profiler.layout import Layout
+
+FORMAT = "pp-opt.costs"
+VERSION = 1
+PROBLEM_KEYS = ("name", "p", "m", "placement", "v", "unit", "t_comm", "stages", "devices",
+                "host_links")  # fmt: skip
+
+
+def costs_dict(
+    *,
+    kind: str,
+    card: ModelCard,
+    hw: HardwareCard,
+    layout: Layout,
+    stages: list[StageCost],
+    static: list[float],
+    cap: float,
+    t_comm: float,
+    host_links: list[list[int]],
+    d2h_gbs: float,
+    h2d_gbs: float,
+    environment: dict[str, Any] | None = None,
+    measurements: dict[str, Any] | None = None,
+    **_: Any,
+) -> dict[str, Any]:
+    """Assemble the cost profile JSON from stage costs (``t_offload``/``t_reload`` from bytes)."""
+    rows = []
+    for st in stages:
+        rows.append(
+            {
+                "device": st.device,
+                "t_f": st.t_f,
+                "t_b": st.t_b,
+                "t_w": st.t_w,
+                "m_b": st.m_b,
+                "m_w": st.m_w,
+                "m_in": st.m_in,
+                "t_offload": 1e3 * st.m_b / (d2h_gbs * 1e9),
+                "t_reload": 1e3 * st.m_b / (h2d_gbs * 1e9),
+            }
+        )
+    details = [
+        {"layers": st.layers, "embedding": st.embedding, "head": st.head, "params": st.params,
+         **st.notes}
+        for st in stages
+    ]  # fmt: skip
+    name = (
+        f"{card.name} on {hw.name}: pp={layout.pp} vpp={layout.vpp} {layout.placement} "
+        f"mbs={layout.mbs} seq={layout.seq} tp={layout.tp} ({kind})"
+    )
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "name": name,
+        "p": layout.pp,
+        "m": layout.microbatches,
+        "placement": layout.placement,
+        "v": layout.vpp,
+        "unit": "bytes",
+        "t_comm": t_comm,
+        "stages": rows,
+        "devices": [{"cap": cap, "static": s} for s in static],
+        "host_links": host_links,
+        "profile": {
+            "kind": kind,
+            "time_unit": "ms",
+            "model": card.to_dict(),
+            "hardware": hw.to_dict(),
+            "layout": layout.to_dict(),
+            "d2h_gbs": d2h_gbs,
+            "h2d_gbs": h2d_gbs,
+            "stages": details,
+            "environment": environment,
+            "measurements": measurements,
+        },
+    }
+
+
+def problem_from_costs(data: Mapping[str, Any]) -> Problem:
+    """Build the Problem a cost profile describes; its provenance goes to ``extra["profile"]``."""
+    if data.get("format") != FORMAT:
+        raise ProblemError("format", f"got {data.get('format')!r}; expected {FORMAT!r}")
+    if data.get("version") != VERSION:
+        raise ProblemError(
+            "version", f"got {data.get('version')!r}; this pp_opt reads version {VERSION}"
+        )
+    allowed = (*PROBLEM_KEYS, "format", "version", "profile")
+    for key in data:
+        if key not in allowed:
+            raise ProblemError(key, f"unknown key in a cost profile; allowed: {', '.join(allowed)}")
+    if data.get("unit", "bytes") != "bytes":
+        raise ProblemError("unit", "a cost profile measures memory in bytes; set unit = 'bytes'")
+    problem = {k: data[k] for k in PROBLEM_KEYS if k in data and k != "v"}
+    problem["extra"] = {"profile": dict(data.get("profile", {}))}
+    return problem_from_dict(problem)
