@@ -112,3 +112,29 @@ def problem_from_costs(data: Mapping[str, Any]) -> Problem:
     problem = {k: data[k] for k in PROBLEM_KEYS if k in data and k != "v"}
     problem["extra"] = {"profile": dict(data.get("profile", {}))}
     return problem_from_dict(problem)
+
+
+def costs_table(data: Mapping[str, Any]) -> str:
+    """A plain-text table of a cost profile: one row per stage (ms, GiB), then the links."""
+    profile = data.get("profile", {})
+    details = profile.get("stages") or [{} for _ in data["stages"]]
+    head = (
+        f"{'stage':>5} {'dev':>3} {'layers':>6} {'t_f':>8} {'t_b':>8} {'t_w':>8} "
+        f"{'m_b GiB':>8} {'m_w GiB':>8} {'t_offl':>8}"
+    )
+    lines = [data.get("name", ""), head]
+    for s, (row, det) in enumerate(zip(data["stages"], details, strict=True)):
+        marks = ("E" if det.get("embedding") else "") + ("H" if det.get("head") else "")
+        lines.append(
+            f"{s:>5} {row['device']:>3} {str(det.get('layers', '')) + marks:>6} "
+            f"{row['t_f']:8.3f} {row['t_b']:8.3f} {row['t_w']:8.3f} "
+            f"{row['m_b'] / 2**30:8.3f} {row['m_w'] / 2**30:8.3f} {row['t_offload']:8.3f}"
+        )
+    static = max(d["static"] for d in data["devices"]) / 2**30
+    cap = data["devices"][0]["cap"] / 2**30
+    lines.append(
+        f"times in ms (E: embedding, H: output layer); t_comm {data['t_comm']:.3f} ms; "
+        f"static up to {static:.2f} GiB of a {cap:.2f} GiB cap; "
+        f"{profile.get('kind', '?')} profile"
+    )
+    return "\n".join(lines)

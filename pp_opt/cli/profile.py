@@ -1,0 +1,55 @@
+"""``pp-opt profile``: stage costs of a model on a GPU at a parallel layout, as cost JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from pp_opt.errors import ProblemError
+
+
+def _layers(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",")]
+    except ValueError:
+        raise ProblemError("layers", f"got {text!r}; give comma-separated integers") from None
+
+
+def profile(
+    model: Path = typer.Option(..., "--model", help="Model card TOML (or bundled name)."),
+    hardware: Path = typer.Option(..., "--hardware", help="Hardware card TOML (or name)."),
+    pp: int = typer.Option(..., "--pp", help="Pipeline size (devices)."),
+    vpp: int = typer.Option(1, "--vpp", help="Chunks per device."),
+    placement: str = typer.Option("loop", "--placement", help="loop or v (v implies vpp 2)."),
+    microbatches: int = typer.Option(..., "--microbatches", "-m", help="Microbatches."),
+    mbs: int = typer.Option(1, "--mbs", help="Microbatch size (sequences)."),
+    seq: int | None = typer.Option(None, "--seq", help="Sequence length (card default)."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree (sequence parallel)."),
+    layers: str | None = typer.Option(None, "--layers", help="Layers per stage, e.g. 2,3,3,2."),
+    recompute: str = typer.Option("none", "--recompute", help="none or selective."),
+    bytes_per_param: float = typer.Option(16.0, "--bytes-per-param", help="Static bytes."),
+    measure: bool = typer.Option(False, "--measure", help="Time PyTorch modules (CUDA/CPU)."),
+    repeats: int = typer.Option(10, "--repeats", help="Timed runs per measurement."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Write the cost JSON."),
+) -> None:
+    """Profile per-stage costs (analytic, or measured with --measure) and print them."""
+    from pp_opt.profiler import profile_costs
+    from pp_opt.profiler.costs import costs_table
+
+    data = profile_costs(
+        model=str(model), hardware=str(hardware), pp=pp, vpp=vpp, placement=placement,
+        microbatches=microbatches, mbs=mbs, seq=seq, tp=tp, layers=_layers(layers),
+        measure=measure, recompute=recompute, bytes_per_param=bytes_per_param, repeats=repeats,
+    )  # fmt: skip
+    typer.echo(costs_table(data))
+    if output is not None:
+        output.write_text(json.dumps(data, indent=1) + "\n")
+        typer.echo(f"wrote {output}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(profile)
