@@ -134,8 +134,10 @@ def _validated(name: str, schedule: Schedule) -> Schedule:
 
 
 def _infeasible(name: str, schedule: Schedule) -> InfeasibleError:
-    short = cap_shortfall(schedule)
-    device, peak, cap = max(short, key=lambda row: row[1] - row[2])
+    """The error for a schedule over its caps: the worst device, and the cap that fits all."""
+    peaks, devices = schedule.metrics.peak_memory, schedule.problem.devices
+    rows = cap_shortfall(schedule) or [(d, peaks[d], devices[d].cap) for d in range(len(peaks))]
+    device, peak, cap = max(rows, key=lambda row: row[1] - row[2])
     need = max(schedule.metrics.peak_memory)
     return InfeasibleError(
         f"{name} needs {peak:g} (activation + static) on device {device} but its cap is "

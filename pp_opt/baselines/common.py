@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from pp_opt.errors import ProblemError
-from pp_opt.ops import OpKey, OpKind, Stream
+from pp_opt.ops import OpKey, Stream
 from pp_opt.problem import Problem
 from pp_opt.problem_io import resplit
 
@@ -71,7 +71,3 @@ def require_split_backward(problem: Problem, name: str) -> None:
             f"{name} splits the backward into B and W but the problem sets "
             "split_backward = false; set it to true or use gpipe, 1f1b or interleaved-1f1b",
         )
-
-
-def op(kind: OpKind, stage: int, microbatch: int) -> OpKey:
-    return OpKey(kind, stage, microbatch)
