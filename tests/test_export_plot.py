@@ -104,7 +104,7 @@ def test_draws_on_given_axes(loop_schedule: Schedule) -> None:
 def test_save_png_and_svg(which: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     schedule: Schedule = request.getfixturevalue(which)
     png, svg = tmp_path / "s.png", tmp_path / "s.svg"
-    save_figure(schedule, png, dpi=60)
+    save_figure(schedule, png, dpi=50)
     save_figure(schedule, svg)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png.stat().st_size > 5_000
