@@ -1,0 +1,137 @@
+"""A lower bound on the objective of any schedule, independent of every solver.
+
+Every schedule a solver or a baseline returns is reported with the gap to this
+bound, so the bound must hold for *all* valid schedules of the problem: it only
+uses the required ops (``F``, ``B``/``W`` or ``BW``), never the optional ones
+(offload copies and recomputation can only add work).
+"""
+
+from __future__ import annotations
+
+from pp_opt.ops import OpKind, duration
+from pp_opt.problem import Problem
+
+
+def lower_bound(problem: Problem, objective: str | None = None) -> float:
+    """The largest of the device bounds below, for ``makespan`` or ``span``.
+
+    Notation: ``s0(d)`` is the lowest stage on device ``d``; ``fill(s)`` the
+    forward chain of one microbatch before stage ``s`` (``sum t_f`` of stages
+    ``0..s-1`` plus ``t_comm`` for every device change); ``drain(s)`` the backward
+    chain after stage ``s`` (``sum t_b`` of stages ``s-1..0``, the device changes,
+    and ``t_w`` of stage 0 when ``s > 0``; fused ``t_bw`` instead of ``t_b`` and
+    no ``t_w`` when the backward is not split). ``F_d``, ``B_d``, ``W_d`` are the
+    device's total forward, backward and weight-gradient times over ``m``
+    microbatches.
+
+    ``makespan >= fill(s0(d)) + F_d + B_d + max(W_d, drain(s0(d)))`` for every ``d``.
+    Proof: every op on ``d`` waits, through the DAG, for the forward chain of
+    its microbatch up to a stage on ``d``, so nothing on ``d`` starts before
+    ``fill(s0(d))`` (``fill`` grows with ``s``). Let ``X`` be the backward on
+    ``d`` that ends last. Every backward on ``d`` ends by then, and every forward
+    before it, so ``X`` ends no earlier than ``fill + F_d + B_d + x`` where ``x`` is
+    the ``W`` work done before it. After ``X`` the device still owes
+    ``W_d - x``, and the backward chain of ``X``'s microbatch continues below
+    ``X``'s stage; no stage below it is on ``d`` (that backward would end later
+    than ``X``), so ``X`` is on ``s0(d)`` and the chain takes ``drain(s0(d))``.
+    Hence ``makespan >= fill + F_d + B_d + x + max(W_d - x, drain) >=
+    fill + F_d + B_d + max(W_d, drain)``. Also ``makespan >=`` the critical path
+    of one microbatch (all forwards, all backwards, ``t_w`` of stage 0, and
+    ``t_comm`` twice per device change).
+
+    ``span[d] >= F_d + B_d + W_d`` (its compute stream is busy that long inside
+    its window), and ``span[d] >= min over stages s on d of t_f(s) + loop(s) +
+    t_b(s) + t_w(s)``: the window holds the first op on ``d``, some ``F(s, j)``,
+    and the ``W`` of the same microbatch, which waits for the round trip
+    ``loop(s)`` through the stages above ``s`` (their forwards and backwards and
+    the device changes). The fill before the first op does not count in a span.
+
+    Parameters
+    ----------
+    problem
+        The problem; its placement, costs and ``t_comm`` decide the bound.
+    objective
+        ``makespan`` or ``span``; the problem's own objective when None.
+
+    Returns
+    -------
+    float
+        A value no valid schedule of ``problem`` can beat.
+    """
+    objective = objective or problem.objective
+    if objective == "makespan":
+        return _makespan_bound(problem)
+    return _span_bound(problem)
+
+
+def _backward_kinds(problem: Problem) -> tuple[OpKind, ...]:
+    return (OpKind.B, OpKind.W) if problem.split_backward else (OpKind.BW,)
+
+
+def _hop(problem: Problem, s: int, t: int) -> float:
+    return problem.t_comm if problem.device_of(s) != problem.device_of(t) else 0.0
+
+
+def _fill(problem: Problem, stage: int) -> float:
+    """Earliest start of ``F(stage, j)``: the forward chain below it."""
+    return sum(duration(problem, OpKind.F, s) + _hop(problem, s, s + 1) for s in range(stage))
+
+
+def _drain(problem: Problem, stage: int) -> float:
+    """Least time from the end of a backward on ``stage`` to the end of its microbatch."""
+    if stage == 0:
+        return 0.0
+    back = OpKind.B if problem.split_backward else OpKind.BW
+    chain = sum(duration(problem, back, s) + _hop(problem, s + 1, s) for s in range(stage))
+    if problem.split_backward:
+        chain += duration(problem, OpKind.W, 0)
+    return chain
+
+
+def _loads(problem: Problem, device: int) -> dict[OpKind, float]:
+    kinds = (OpKind.F, *_backward_kinds(problem))
+    return {
+        kind: problem.m * sum(duration(problem, kind, s) for s in problem.stages_on(device))
+        for kind in kinds
+    }
+
+
+def _makespan_bound(problem: Problem) -> float:
+    last = problem.num_stages - 1
+    back = OpKind.B if problem.split_backward else OpKind.BW
+    critical = _fill(problem, last) + duration(problem, OpKind.F, last)
+    critical += duration(problem, back, last) + _drain(problem, last)
+    if last == 0 and problem.split_backward:
+        critical += duration(problem, OpKind.W, 0)
+    best = critical
+    for device in range(problem.p):
+        load = _loads(problem, device)
+        first = min(problem.stages_on(device))
+        w_load = load.get(OpKind.W, 0.0)
+        value = _fill(problem, first) + load[OpKind.F] + load[back]
+        value += max(w_load, _drain(problem, first))
+        best = max(best, value)
+    return best
+
+
+def _round_trip(problem: Problem, stage: int) -> float:
+    """From the end of ``F(stage, j)`` to the start of its backward: the stages above."""
+    back = OpKind.B if problem.split_backward else OpKind.BW
+    total = 0.0
+    for s in range(stage + 1, problem.num_stages):
+        total += duration(problem, OpKind.F, s) + duration(problem, back, s)
+        total += 2 * _hop(problem, s - 1, s)
+    return total
+
+
+def _span_bound(problem: Problem) -> float:
+    best = 0.0
+    for device in range(problem.p):
+        load = sum(_loads(problem, device).values())
+        one = min(
+            sum(duration(problem, kind, s) for kind in (OpKind.F, *_backward_kinds(problem)))
+            + _round_trip(problem, s)
+            for s in problem.stages_on(device)
+        )
+        best = max(best, load, one)
+    return best

@@ -1,0 +1,49 @@
+"""The CP-SAT objective: makespan or the largest per-device span (DESIGN.md §4)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ortools.sat.python import cp_model
+
+from pp_opt.ops import OpKind
+from pp_opt.solvers.cpsat.variables import Variables
+
+
+def add_objective(
+    model: cp_model.CpModel, v: Variables, objective: str, *, upper: int | None = None
+) -> cp_model.IntVar:
+    """Minimise ``objective``; ``upper`` (a warm start's value) bounds it from above.
+
+    Every op waits, through the DAG, for a forward of its own device and is
+    waited for by a ``W`` (or ``BW``) of its own device, so the first start on a
+    device is that of a forward and the last end that of a ``W``/``BW``: bounding
+    those is enough. Starts are at least 0, and shifting a schedule to start at 0
+    never hurts, so the makespan is the latest end.
+    """
+    top = v.horizon if upper is None else min(upper, v.horizon)
+    obj = model.NewIntVar(0, top, objective)
+    last_kinds = (OpKind.W, OpKind.BW)
+    if objective == "makespan":
+        for op in v.ops.values():
+            if op.key.kind in last_kinds:
+                model.Add(obj >= op.end)
+    else:
+        firsts: dict[int, list] = defaultdict(list)
+        lasts: dict[int, list] = defaultdict(list)
+        for op in v.ops.values():
+            if op.key.kind is OpKind.F:
+                firsts[op.device].append(op)
+            elif op.key.kind in last_kinds:
+                lasts[op.device].append(op)
+        for device in firsts:
+            first = model.NewIntVar(0, v.horizon, f"first_{device}")
+            last = model.NewIntVar(0, v.horizon, f"last_{device}")
+            for op in firsts[device]:
+                model.Add(first <= op.start)
+            for op in lasts[device]:
+                model.Add(last >= op.end)
+            model.Add(obj >= last - first)
+            v.span_vars[device] = (first, last)
+    model.Minimize(obj)
+    return obj

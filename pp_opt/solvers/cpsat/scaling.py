@@ -1,0 +1,75 @@
+"""Integer units for CP-SAT: times and memory scaled (and rounded) so that rounding is negligible.
+
+Times are rounded to the nearest unit (the API re-times the solver's op order
+with the exact durations afterwards). Memory is rounded *up* and the cap *down*
+unless the scale is exact, so every schedule the model accepts fits the real cap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pp_opt.problem import Problem
+
+_TIME_RESOLUTION = 2000.0
+"""Units in the shortest positive duration when no exact decimal scale exists."""
+_MEMORY_RESOLUTION = 1e5
+"""Units in the largest activation when no exact decimal scale exists."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Scaling:
+    """Multipliers from problem units to the model's integers."""
+
+    time: float
+    memory: float
+    memory_exact: bool
+
+    def t(self, value: float) -> int:
+        return int(round(value * self.time))
+
+    def mem(self, value: float) -> int:
+        """A memory demand (rounded up unless exact)."""
+        scaled = value * self.memory
+        return int(round(scaled)) if self.memory_exact else int(math.ceil(scaled - 1e-9))
+
+    def cap(self, value: float) -> int:
+        """A capacity (rounded down unless exact)."""
+        scaled = value * self.memory
+        return int(round(scaled)) if self.memory_exact else int(math.floor(scaled + 1e-9))
+
+
+def _exact_decimal_scale(values: Iterable[float], largest: float) -> float | None:
+    values = [v for v in values if v > 0]
+    for k in range(0, 7):
+        scale = 10.0**k
+        if largest * scale > 1e8:
+            return None
+        if all(abs(v * scale - round(v * scale)) <= 1e-9 * max(1.0, v * scale) for v in values):
+            return scale
+    return None
+
+
+def choose_scaling(problem: Problem, fractions: Iterable[float] = (1.0,)) -> Scaling:
+    """Decimal scales when the numbers are short decimals (exact), else fine rounding."""
+    fractions = list(fractions)
+    times = [problem.t_comm]
+    for st in problem.stages:
+        times += [st.t_f, st.t_b, st.t_w, st.fused_backward]
+        times += [a * st.t_offload for a in fractions] + [a * st.t_reload for a in fractions]
+    positive = [t for t in times if t > 0] or [1.0]
+    time_scale = _exact_decimal_scale(times, max(positive) * 10 * problem.m)
+    if time_scale is None:
+        time_scale = _TIME_RESOLUTION / min(positive)
+    mems = [d.cap - d.static for d in problem.devices]
+    for st in problem.stages:
+        mems += [st.m_b, st.m_w, st.m_in, st.m_b - st.m_w, st.m_b - st.m_in]
+        mems += [a * st.m_b for a in fractions]
+    largest = max([st.m_b for st in problem.stages] + [1e-12])
+    mem_scale = _exact_decimal_scale(mems, max(mems) if mems else 1.0)
+    exact = mem_scale is not None
+    if mem_scale is None:
+        mem_scale = _MEMORY_RESOLUTION / largest
+    return Scaling(time=time_scale, memory=mem_scale, memory_exact=exact)
