@@ -15,7 +15,9 @@ from pp_opt.errors import PPOptError, ProblemError  # noqa: E402
 from pp_opt.export import plot_memory, plot_schedule, save_figure  # noqa: E402
 from pp_opt.export.plot import KIND_COLORS  # noqa: E402
 from pp_opt.ops import OpKind, Stream  # noqa: E402
+from pp_opt.problem import uniform_problem  # noqa: E402
 from pp_opt.schedule import Schedule  # noqa: E402
+from pp_opt.simulator import order_of, simulate  # noqa: E402
 
 SCHEDULES = ["loop_schedule", "v_schedule", "offload_schedule"]
 
@@ -123,3 +125,19 @@ def test_missing_matplotlib_says_how_to_install(
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(PPOptError, match=r"pip install 'pp-opt\[plot\]'"):
         plot_schedule(loop_schedule)
+
+
+def test_profiled_units(loop_schedule: Schedule) -> None:
+    """Bytes show as GiB, and a profile's time unit labels the time axis."""
+    gib = 2.0**30
+    problem = uniform_problem(p=4, m=8, t_w=0.5, m_b=3 * gib, m_w=gib, t_comm=0.1, unit="bytes")
+    problem = problem.replace(extra={"profile": {"time_unit": "ms"}})
+    schedule = simulate(problem, order_of(loop_schedule))
+    ax = plot_memory(schedule)
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert max(lines["device 0"].get_ydata()) == pytest.approx(
+        schedule.metrics.peak_memory[0] / gib
+    )
+    assert lines["cap"].get_ydata()[0] == pytest.approx(2 * 4 * 3.0)  # default cap 2p m_b
+    assert ax.get_ylabel() == "memory (GiB)" and ax.get_xlabel() == "time (ms)"
+    assert plot_memory(loop_schedule).get_xlabel() == "time"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,12 @@ def test_write_trace_is_json(tmp_path: Path, v_schedule: Schedule) -> None:
 def test_bad_time_unit(loop_schedule: Schedule) -> None:
     with pytest.raises(ProblemError, match="time_unit_us"):
         trace_events(loop_schedule, time_unit_us=0.0)
+
+
+def test_time_unit_named(loop_schedule: Schedule) -> None:
+    assert trace_events(loop_schedule)["otherData"]["time_unit"] == "arbitrary"
+    profiled = replace(
+        loop_schedule,
+        problem=loop_schedule.problem.replace(extra={"profile": {"time_unit": "ms"}}),
+    )
+    assert trace_events(profiled)["otherData"]["time_unit"] == "ms"

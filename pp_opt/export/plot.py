@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pp_opt.errors import PPOptError, ProblemError
+from pp_opt.export.trace import time_unit
 from pp_opt.metrics import memory_profile
 from pp_opt.ops import OpKind, Stream
 from pp_opt.problem import Problem
@@ -250,7 +251,8 @@ def _time_range(schedule: Schedule) -> tuple[float, float]:
 
 
 def _time_label(schedule: Schedule) -> str:
-    return "time (ms)" if schedule.problem.unit == "bytes" else "time"
+    unit = time_unit(schedule.problem)
+    return f"time ({unit})" if unit else "time"
 
 
 def _pixel_scale(ax: Axes, duration: float) -> tuple[float, float]:

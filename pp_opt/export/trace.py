@@ -20,6 +20,7 @@ from typing import Any
 from pp_opt.errors import ProblemError
 from pp_opt.metrics import memory_profile
 from pp_opt.ops import STREAM_ORDER, Stream
+from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule, ScheduledOp
 
 TIME_UNIT_US = 1000.0
@@ -27,6 +28,15 @@ TIME_UNIT_US = 1000.0
 
 STREAM_TIDS = {stream: i + 1 for i, stream in enumerate(STREAM_ORDER)}
 """Thread id of each stream in its device's process (not 0: Perfetto treats tid 0 as idle)."""
+
+
+def time_unit(problem: Problem) -> str | None:
+    """The unit of the problem's times: its profile's (``ms``), or None for hand-written ones."""
+    profile = problem.extra.get("profile")
+    unit = profile.get("time_unit") if isinstance(profile, dict) else None
+    if unit is None and problem.unit == "bytes":
+        unit = "ms"  # the profiler's problems are in bytes and milliseconds
+    return unit if isinstance(unit, str) else None
 
 
 def device_pid(device: int) -> int:
@@ -148,6 +158,7 @@ def _other_data(schedule: Schedule, scale: float) -> dict[str, Any]:
         "placement": problem.placement,
         "makespan": metrics.makespan,
         "bubble_rate": metrics.bubble_rate,
+        "time_unit": time_unit(problem) or "arbitrary",
         "time_unit_us": scale,
         "memory_unit": problem.unit,
         "caps": [d.cap for d in problem.devices],
