@@ -137,6 +137,10 @@ def measure_module(
     store.items.clear()
     module.store = None
     result: dict[str, Any] = {k: timing_stats(v) for k, v in samples.items()}
+    # (t_b + t_w) / full backward within each repeat: runs close in time share their noise.
+    runs = zip(samples["b"], samples["w"], samples["full"], strict=True)
+    paired = [(b + w) / full for b, w, full in runs]
+    result["split_over_full"] = timing_stats(paired)
     result.update(m_b=float(m_b), m_w=float(min(m_w, m_b)), m_w_raw=float(m_w))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
