@@ -19,7 +19,7 @@ from pp_opt.ops import OpKind
 from pp_opt.problem import Problem
 from pp_opt.schedule import ScheduledOp
 from pp_opt.solvers.base import BackendResult, Progress, SolveOptions
-from pp_opt.solvers.milp.backends import BACKENDS, RunSettings, run_backend
+from pp_opt.solvers.milp.backends import BACKENDS, RunOutcome, RunSettings, run_backend
 from pp_opt.solvers.milp.model import build_model
 from pp_opt.solvers.milp.solution import read_ops
 from pp_opt.solvers.milp.warm import apply_warm_start, warm_ops, warm_values
@@ -62,14 +62,18 @@ def solve_milp(
     if values is not None:
         apply_warm_start(model, values)
     settings = RunSettings(
-        time_limit=options.time_limit - (time.monotonic() - started),
+        time_limit=options.time_limit,
         threads=options.threads,
         seed=options.seed,
         warm_start=values is not None,
         progress=options.progress,
         started=started,
     )
-    outcome = run_backend(model.lp, backend, settings)
+    if model.infeasible:
+        outcome = RunOutcome(proved_optimal=False, proved_infeasible=True, has_solution=False,
+                             bound=None)  # fmt: skip
+    else:
+        outcome = run_backend(model.lp, backend, settings)
     found = read_ops(model) if outcome.has_solution else None
     value = _objective(problem, found, options.objective) if found else None
     status = "optimal" if outcome.proved_optimal and found else "feasible"

@@ -32,6 +32,7 @@ class RunOutcome:
 @dataclass(kw_only=True, slots=True)
 class RunSettings:
     time_limit: float
+    """Seconds for the whole solve, counted from :attr:`started`."""
     threads: int
     seed: int
     warm_start: bool
@@ -49,17 +50,20 @@ def run_backend(lp: pulp.LpProblem, backend: str, settings: RunSettings) -> RunO
     raise ValueError(f"unknown MILP backend {backend!r}; use one of {', '.join(BACKENDS)}")
 
 
-def _cbc_command(settings: RunSettings, log_path: str) -> pulp.LpSolver:
+def _cbc_command(settings: RunSettings, log_path: str, *, preprocess: bool) -> pulp.LpSolver:
     # CBC runs on one thread: its repeatable parallel mode (``threads 100+n``)
     # crashes in the CBC 2.10.3 that ships with PuLP, and its other parallel modes
     # are not repeatable, while the same seed must give the same schedule. The
     # seeds fix CBC's and CLP's random choices (0 would mean "from the clock").
     options = [f"randomCbcSeed {settings.seed + 1}", f"randomSeed {settings.seed + 1}"]
+    if not preprocess:
+        options.append("preprocess off")
     if settings.threads > 1:
         log.debug("CBC runs single-threaded (repeatable); %d threads ignored", settings.threads)
+    remaining = settings.time_limit - (time.monotonic() - settings.started)
     kwargs = dict(
         msg=False,
-        timeLimit=max(settings.time_limit, 0.1),
+        timeLimit=max(remaining, 0.1),
         options=options,
         warmStart=settings.warm_start,
         logPath=log_path,
@@ -71,27 +75,44 @@ def _cbc_command(settings: RunSettings, log_path: str) -> pulp.LpSolver:
 
 
 def _run_cbc(lp: pulp.LpProblem, settings: RunSettings) -> RunOutcome:
+    """Run CBC; if it crashes, once more without preprocessing, then give up (no solution).
+
+    CBC 2.10.3 (PuLP's) can crash when its time limit falls in preprocessing;
+    the caller then falls back on the warm start.
+    """
+    for preprocess in (True, False):
+        try:
+            text = _cbc_once(lp, settings, preprocess=preprocess)
+        except pulp.PulpSolverError as err:
+            log.warning("CBC failed (%s)%s", err, "; retrying without preprocessing"
+                        if preprocess else "")  # fmt: skip
+            continue
+        optimal = lp.status == pulp.LpStatusOptimal and lp.sol_status == pulp.LpSolutionOptimal
+        has_solution = lp.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
+        infeasible = lp.status == pulp.LpStatusInfeasible and "infeasible" in text.lower()
+        bound = pulp.value(lp.objective) if optimal else _cbc_bound(text)
+        return RunOutcome(proved_optimal=optimal, proved_infeasible=infeasible,
+                          has_solution=has_solution, bound=bound)  # fmt: skip
+    return RunOutcome(proved_optimal=False, proved_infeasible=False, has_solution=False,
+                      bound=None)  # fmt: skip
+
+
+def _cbc_once(lp: pulp.LpProblem, settings: RunSettings, *, preprocess: bool) -> str:
+    """One CBC run; returns its log."""
     fd, log_path = tempfile.mkstemp(prefix="pp_opt_cbc_", suffix=".log")
     os.close(fd)
     watcher = _LogWatcher(log_path, settings) if settings.progress else None
     try:
         if watcher:
             watcher.start()
-        lp.solve(_cbc_command(settings, log_path))
+        lp.solve(_cbc_command(settings, log_path, preprocess=preprocess))
     finally:
         if watcher:
             watcher.stop()
         with open(log_path) as f:
             text = f.read()
         os.unlink(log_path)
-    optimal = lp.status == pulp.LpStatusOptimal and lp.sol_status == pulp.LpSolutionOptimal
-    has_solution = lp.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
-    infeasible = lp.status == pulp.LpStatusInfeasible and "infeasible" in text.lower()
-    bound = _cbc_bound(text)
-    if optimal:
-        bound = pulp.value(lp.objective)
-    return RunOutcome(proved_optimal=optimal, proved_infeasible=infeasible,
-                      has_solution=has_solution, bound=bound)  # fmt: skip
+    return text
 
 
 _LOWER_BOUND = re.compile(r"^Lower bound:\s+(\S+)", re.MULTILINE)
@@ -174,7 +195,7 @@ def _run_highs(lp: pulp.LpProblem, settings: RunSettings) -> RunOutcome:
     solver = _WarmHiGHS(
         warm_start=settings.warm_start,
         msg=False,
-        timeLimit=max(settings.time_limit, 0.1),
+        timeLimit=max(settings.time_limit - (time.monotonic() - settings.started), 0.1),
         threads=settings.threads,
         random_seed=settings.seed,
     )

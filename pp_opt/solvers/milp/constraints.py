@@ -144,7 +144,11 @@ def memory(model: MilpModel) -> None:
                 ind = _ended_by(model, e, a)
                 level += _scaled(model, free_amount(model, e.key), ind, -1)
             relax = most * (1 - a.presence) if a.optional else 0
-            model.lp += level <= budget + relax
+            if isinstance(level, int | float) and not a.optional:
+                # Fixed by the precedences alone: over the cap means no schedule fits.
+                model.infeasible = model.infeasible or level > budget + 1e-9
+            else:
+                model.lp += level <= budget + relax
 
 
 def _largest(amount: tuple[float, list[tuple[float, object]]]) -> float:

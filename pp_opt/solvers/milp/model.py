@@ -44,6 +44,8 @@ class MilpModel:
     chains: list[tuple[OpKey, OpKey]] = field(default_factory=list)
     """Symmetry breaking: ``(u, w)`` with ``u`` the previous microbatch's op of ``w``'s kind."""
     reach: dict[OpKey, set[OpKey]] = field(repr=False, default_factory=dict)
+    infeasible: bool = False
+    """Set when a constraint without variables fails (a cap below what precedences force)."""
     """``reach[u]``: ops that start only after ``u`` ends, in every schedule of the model."""
 
 
@@ -62,11 +64,12 @@ def build_model(
     ``objective_bound`` (the warm start's value) caps the objective: the answer
     is never worse than the warm start anyway, and the cap prunes the search.
     """
+    lp = pulp.LpProblem("pp_opt", pulp.LpMinimize)
     model = MilpModel(
         problem=problem,
         dag=dag,
-        lp=pulp.LpProblem("pp_opt", pulp.LpMinimize),
-        vars=Variables(),
+        lp=lp,
+        vars=Variables(lp=lp),
         horizon=horizon,
         objective=objective_name,
         symmetry=symmetry,

@@ -83,17 +83,23 @@ class Variables:
     started: dict[tuple[OpKey, OpKey], pulp.LpVariable] = field(default_factory=dict)
     """For two allocations on different streams of a device: 1 when the first started first."""
     hints: list[tuple[pulp.LpVariable, Hint]] = field(default_factory=list)
+    lp: pulp.LpProblem | None = None
+    """The model the variables belong to (PuLP 3 creates them through it)."""
     _count: int = 0
 
     def binary(self, prefix: str, hint: Hint) -> pulp.LpVariable:
-        self._count += 1
-        var = pulp.LpVariable(f"{prefix}_{self._count}", cat=pulp.LpBinary)
-        self.hints.append((var, hint))
-        return var
+        return self._new(prefix, 0, 1, pulp.LpBinary, hint)
 
     def continuous(self, prefix: str, low: float, high: float, hint: Hint) -> pulp.LpVariable:
+        return self._new(prefix, low, high, pulp.LpContinuous, hint)
+
+    def _new(self, prefix: str, low: float, high: float, cat: str, hint: Hint) -> pulp.LpVariable:
         self._count += 1
-        var = pulp.LpVariable(f"{prefix}_{self._count}", lowBound=low, upBound=high)
+        name = f"{prefix}_{self._count}"
+        if self.lp is not None and hasattr(self.lp, "add_variable"):
+            var = self.lp.add_variable(name, low, high, cat=cat)
+        else:  # PuLP before 3.3
+            var = pulp.LpVariable(name, low, high, cat=cat)
         self.hints.append((var, hint))
         return var
 

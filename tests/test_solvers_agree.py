@@ -1,0 +1,159 @@
+"""CP-SAT and the MILP (CBC, HiGHS) prove the same optima; MILP results are valid and
+never worse than their warm start.
+
+Instances are small enough (p <= 3, m <= 4) that every solver proves optimality in
+about a second; each one has a memory cap that binds (checked below).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pp_opt.dag import build_dag
+from pp_opt.metrics import compute_metrics
+from pp_opt.problem import Problem, uniform_problem
+from pp_opt.schedule import Schedule, SolverInfo
+from pp_opt.solvers import solve
+from pp_opt.solvers.base import SolveOptions
+from pp_opt.solvers.milp import solve_milp
+from pp_opt.solvers.warm_start import best_baseline
+from pp_opt.validator import check_schedule
+
+LIMIT = 20.0
+"""Seconds per solve; every instance here is proved optimal far sooner."""
+
+
+def _with_offload(problem: Problem, t_offload: float, t_reload: float) -> Problem:
+    stages = tuple(
+        dataclasses.replace(st, t_offload=t_offload, t_reload=t_reload) for st in problem.stages
+    )
+    return problem.replace(stages=stages, offload=True)
+
+
+def _loop_p2() -> Problem:
+    return uniform_problem(p=2, m=3, t_f=1.0, t_b=1.2, t_w=0.6, m_w=0.3, t_comm=0.1, cap=1.5)
+
+
+def _loop_p3() -> Problem:
+    return uniform_problem(p=3, m=3, t_f=1.0, t_b=1.0, t_w=0.5, m_w=0.4, t_comm=0.1, cap=2.0)
+
+
+def _v_p2() -> Problem:
+    return uniform_problem(p=2, m=2, t_f=1.0, t_b=1.0, t_w=1.0, m_w=0.5, placement="v", v=2,
+                           cap=1.0)  # fmt: skip
+
+
+def _offload_p2() -> Problem:
+    base = uniform_problem(p=2, m=2, t_f=1.0, t_b=1.0, t_w=0.5, m_w=0.3, t_comm=0.1, cap=1.0)
+    return _with_offload(base, 0.5, 0.5)
+
+
+CASES = [
+    pytest.param(_loop_p2, "makespan", 14.4, id="loop-p2-makespan"),
+    pytest.param(_loop_p2, "span", 14.4, id="loop-p2-span"),
+    pytest.param(_loop_p3, "makespan", 13.8, id="loop-p3-makespan"),
+    pytest.param(_v_p2, "makespan", 8.5, id="v-p2-makespan"),
+    pytest.param(_offload_p2, "makespan", 7.2, id="offload-p2-makespan"),
+    pytest.param(_offload_p2, "span", 7.2, id="offload-p2-span"),
+]
+
+
+def _milp(problem: Problem, objective: str, **kwargs: object) -> tuple[float, str]:
+    options = SolveOptions(time_limit=LIMIT, objective=objective)
+    result = solve_milp(problem, build_dag(problem), options, **kwargs)  # type: ignore[arg-type]
+    assert result.objective is not None
+    return result.objective, result.status
+
+
+def _schedule(problem: Problem, ops: tuple) -> Schedule:
+    info = SolverInfo(name="milp", status="feasible", objective=0.0)
+    return Schedule(problem=problem, ops=ops, solver=info, metrics=compute_metrics(problem, ops))
+
+
+@pytest.mark.parametrize(("make", "objective", "optimum"), CASES)
+def test_cpsat_and_milp_prove_the_same_optimum(make, objective, optimum) -> None:
+    problem = make()
+    cpsat = solve(problem, solver="cpsat", objective=objective, time_limit=LIMIT)
+    milp = solve(problem, solver="milp", objective=objective, time_limit=LIMIT)
+    assert cpsat.status == milp.status == "optimal"
+    assert milp.objective == pytest.approx(cpsat.objective, abs=1e-6)
+    assert milp.objective == pytest.approx(optimum, abs=1e-6)
+    assert milp.lower_bound == pytest.approx(milp.objective, abs=1e-6)
+    assert max(milp.schedule.metrics.peak_memory) <= problem.devices[0].cap + 1e-9
+
+
+@pytest.mark.parametrize(
+    ("make", "loose_cap", "loose_optimum"),
+    [(_loop_p2, 4.0, 9.6), (_loop_p3, 6.0, 10.9), (_v_p2, 4.0, 6.5)],
+    ids=["loop-p2", "loop-p3", "v-p2"],
+)
+def test_the_caps_bind(make, loose_cap, loose_optimum) -> None:
+    """Each agreement instance is harder than its loose-cap version (so memory is tested)."""
+    problem = make()
+    devices = tuple(dataclasses.replace(d, cap=loose_cap) for d in problem.devices)
+    loose, status = _milp(problem.replace(devices=devices), "makespan")
+    assert status == "optimal"
+    assert loose == pytest.approx(loose_optimum, abs=1e-6)
+    assert loose < _milp(problem, "makespan")[0] - 0.5
+
+
+def test_offload_pays_at_its_cap() -> None:
+    problem = _offload_p2()
+    with_offload, _ = _milp(problem, "makespan")
+    without, status = _milp(problem.replace(offload=False), "makespan")
+    assert status == "optimal"
+    assert with_offload < without - 0.5
+
+
+@pytest.mark.parametrize("make", [_loop_p2, _offload_p2], ids=["loop-p2", "offload-p2"])
+def test_highs_agrees_with_cbc(make) -> None:
+    problem = make()
+    cbc, cbc_status = _milp(problem, "makespan")
+    highs, highs_status = _milp(problem, "makespan", backend="highs")
+    assert cbc_status == highs_status == "optimal"
+    assert highs == pytest.approx(cbc, abs=1e-6)
+
+
+@pytest.mark.parametrize("make", [_loop_p2, _v_p2], ids=["loop-p2", "v-p2"])
+def test_symmetry_breaking_keeps_the_optimum(make) -> None:
+    problem = make()
+    assert _milp(problem, "makespan", symmetry=False)[0] == pytest.approx(
+        _milp(problem, "makespan")[0], abs=1e-6
+    )
+
+
+@pytest.mark.parametrize("limit", [0.01, 3.0])
+def test_milp_is_valid_and_never_worse_than_its_warm_start(limit: float) -> None:
+    problem = uniform_problem(p=4, m=8, t_f=1.0, t_b=1.1, t_w=0.7, m_w=0.3, t_comm=0.1, cap=4.0)
+    found = best_baseline(problem, "makespan")
+    assert found is not None
+    warm = found[1]
+    options = SolveOptions(time_limit=limit, objective="makespan", warm_start=warm)
+    result = solve_milp(problem, build_dag(problem), options)
+    assert result.ops is not None and result.objective is not None
+    assert result.status in ("optimal", "feasible")
+    assert result.objective <= warm.metrics.makespan + 1e-9
+    schedule = check_schedule(_schedule(problem, result.ops))
+    assert schedule.metrics.makespan == pytest.approx(result.objective, abs=1e-9)
+    if result.bound is not None:
+        assert result.bound <= result.objective + 1e-9
+
+
+def test_milp_same_seed_same_schedule() -> None:
+    problem = _loop_p3()
+    options = SolveOptions(time_limit=LIMIT, objective="makespan", seed=3)
+    first = solve_milp(problem, build_dag(problem), options)
+    second = solve_milp(problem, build_dag(problem), options)
+    assert first.ops == second.ops
+
+
+def test_milp_reports_an_infeasible_cap() -> None:
+    problem = _loop_p2()
+    devices = tuple(dataclasses.replace(d, cap=0.9) for d in problem.devices)
+    options = SolveOptions(time_limit=LIMIT, objective="makespan")
+    tight = problem.replace(devices=devices)
+    result = solve_milp(tight, build_dag(tight), options)
+    assert result.status == "infeasible"
+    assert result.ops is None
