@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -158,8 +159,10 @@ def worker(rank: int, world: int, port: int, cases_path: str, out_dir: str) -> N
     results = []
     try:
         for case in json.loads(Path(cases_path).read_text()):
+            start = time.perf_counter()
             results.append(run_case(rank, case))
             dist.barrier()
+            results[-1]["seconds"] = time.perf_counter() - start
     finally:
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
         dist.destroy_process_group()
@@ -200,7 +203,7 @@ def run_case(rank: int, case: dict) -> dict:
             for name, p in chunks[s].named_parameters():
                 grad_err = max(grad_err, float((p.grad - ref_grads[f"{s}.{name}"]).abs().max()))
         if problem.num_stages - 1 in mine:
-            got = [float(v) for v in losses]
+            got = [float(v.detach()) for v in losses]
             loss_err = max(loss_err, max(abs(a - b) for a, b in zip(got, ref_losses, strict=True)))
         events = pipe.offloader.events if pipe.offloader is not None else []
         steps.append([_event_dict(e) for e in events])
@@ -208,6 +211,7 @@ def run_case(rank: int, case: dict) -> dict:
             pipe.offloader.events.clear()
     return {
         "name": case["name"],
+        "rank": rank,
         "grad_err": grad_err,
         "loss_err": loss_err,
         "has_last": problem.num_stages - 1 in mine,
