@@ -167,13 +167,24 @@ def copy_bandwidth(device: Any, nbytes: int = 256 * 2**20, repeats: int = 5) -> 
     return out
 
 
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def environment(device: Any, dtype: Any) -> dict[str, Any]:
     """Where a profile was measured: versions, device, threads, dtype."""
     env: dict[str, Any] = {
         "torch": torch.__version__,
         "python": platform.python_version(),
         "device": str(device),
-        "device_name": platform.processor() or platform.machine(),
+        "device_name": _cpu_name(),
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "dtype": str(dtype).removeprefix("torch."),
