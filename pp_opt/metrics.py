@@ -63,11 +63,16 @@ def compute_metrics(problem: Problem, ops: Iterable[ScheduledOp]) -> Metrics:
         raise ValueError("a schedule without ops has no metrics")
     first = min(op.start for op in ops)
     makespan = max(op.end for op in ops) - first
-    span, busy = [], []
-    for device in range(problem.p):
-        own = [op for op in ops if problem.device_of(op.stage) == device]
-        span.append(max(op.end for op in own) - min(op.start for op in own) if own else 0.0)
-        busy.append(sum(op.end - op.start for op in own if op.stream is Stream.COMPUTE))
+    starts = [float("inf")] * problem.p
+    ends = [float("-inf")] * problem.p
+    busy = [0.0] * problem.p
+    for op in ops:
+        device = problem.device_of(op.stage)
+        starts[device] = min(starts[device], op.start)
+        ends[device] = max(ends[device], op.end)
+        if op.stream is Stream.COMPUTE:
+            busy[device] += op.end - op.start
+    span = [e - s if e >= s else 0.0 for s, e in zip(starts, ends, strict=True)]
     longest = max(span)
     return Metrics(
         makespan=makespan,
