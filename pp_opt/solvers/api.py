@@ -23,7 +23,7 @@ from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo
 from pp_opt.simulator import retime
 from pp_opt.solvers.base import BackendResult, ProgressCallback, SolveOptions
 from pp_opt.solvers.min_cap import check_caps
-from pp_opt.solvers.warm_start import best_baseline, same_placement
+from pp_opt.solvers.warm_start import best_warm_start, same_placement
 
 log = logging.getLogger(__name__)
 
@@ -101,9 +101,10 @@ def solve(
     problem, options = _prepare(problem, solver, time_limit, threads, seed, objective,
                                 progress, offload_fractions)  # fmt: skip
     check_caps(problem, options.offload_fractions if problem.offload else ())
-    warm = _warm_start(problem, warm_start)
+    warm = _warm_start(problem, warm_start, options.offload_fractions)
     options.warm_start = warm[1] if warm else None
     dag = build_dag(problem)
+    options.time_limit = max(0.1, time_limit - (time.perf_counter() - started))
     result = _backend(solver)(problem, dag, options)
     found = _checked(problem, result, solver)
     bound = lower_bound(problem, options.objective)
@@ -177,11 +178,13 @@ def _value(schedule: Schedule) -> float:
     return schedule.objective_value(schedule.problem.objective)
 
 
-def _warm_start(problem: Problem, warm_start: bool | Schedule) -> tuple[str, Schedule] | None:
+def _warm_start(
+    problem: Problem, warm_start: bool | Schedule, fractions: Sequence[float]
+) -> tuple[str, Schedule] | None:
     if warm_start is False:
         return None
     if warm_start is True:
-        found = best_baseline(problem, problem.objective)
+        found = best_warm_start(problem, problem.objective, fractions)
         if found is None:
             return None
         name, schedule = found

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from pp_opt.errors import PPOptError
 from pp_opt.problem import Problem
@@ -37,3 +38,24 @@ def best_baseline(problem: Problem, objective: str | None = None) -> tuple[str, 
         if best is None or schedule.objective_value(objective) < best[1].objective_value(objective):
             best = (name, schedule)
     return best
+
+
+def best_warm_start(
+    problem: Problem, objective: str | None = None, fractions: Sequence[float] = (1.0,)
+) -> tuple[str, Schedule] | None:
+    """The better of the best baseline and :func:`~.fallback.fallback_schedule` (which
+    fits whenever the caps admit any schedule)."""
+    from pp_opt.solvers.fallback import fallback_schedule
+
+    objective = objective or problem.objective
+    found = best_baseline(problem, objective)
+    try:
+        extra = fallback_schedule(problem, fractions)
+    except PPOptError as err:
+        log.info("fallback schedule failed: %s", err)
+        extra = None
+    if extra is not None and (
+        found is None or extra.objective_value(objective) < found[1].objective_value(objective)
+    ):
+        found = ("fallback", extra)
+    return found

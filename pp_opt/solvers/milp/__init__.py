@@ -77,7 +77,7 @@ def solve_milp(
     found = read_ops(model) if outcome.has_solution else None
     value = _objective(problem, found, options.objective) if found else None
     status = "optimal" if outcome.proved_optimal and found else "feasible"
-    if warm and (value is None or value > warm_value + 1e-9 * max(1.0, abs(warm_value))):
+    if warm and warm_value is not None and (value is None or value > warm_value + 1e-9):
         found, value, status = warm, warm_value, "feasible"
     if found is None:
         status = "infeasible" if outcome.proved_infeasible else "timeout"

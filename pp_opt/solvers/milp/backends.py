@@ -172,7 +172,7 @@ def _float_or(text: str, default: float | None) -> float | None:
         return default
 
 
-class _WarmHiGHS(pulp.HiGHS):  # type: ignore[misc,name-defined]
+class _WarmHiGHS(pulp.HiGHS):
     """PuLP's HiGHS interface, plus the variables' initial values as a MIP start."""
 
     def __init__(self, *, warm_start: bool, **kwargs: object) -> None:

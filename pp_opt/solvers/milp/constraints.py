@@ -6,7 +6,7 @@ is as small as the horizon allows.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pulp
 
@@ -151,13 +151,13 @@ def memory(model: MilpModel) -> None:
                 model.lp += level <= budget + relax
 
 
-def _largest(amount: tuple[float, list[tuple[float, object]]]) -> float:
+def _largest(amount: tuple[float, list[tuple[float, Any]]]) -> float:
     const, terms = amount
     return const + max([0.0] + [c for c, _ in terms if c > 0])
 
 
 def _scaled(
-    model: MilpModel, amount: tuple[float, list[tuple[float, object]]], ind: Expr, sign: int
+    model: MilpModel, amount: tuple[float, list[tuple[float, Any]]], ind: Expr, sign: int
 ) -> Expr:
     """``sign * amount * ind`` made linear (products of binaries get a bounded helper)."""
     const, terms = amount
@@ -171,7 +171,7 @@ def _scaled(
     return expr
 
 
-def _product(model: MilpModel, var: object, ind: Expr, *, lower: bool) -> pulp.LpVariable:
+def _product(model: MilpModel, var: Any, ind: Expr, *, lower: bool) -> pulp.LpVariable:
     """A variable equal to ``var * ind`` where it matters: bounded below for terms that
     add memory (the solver wants them small), above for terms that take it away."""
     w = model.vars.continuous("w", 0.0, 1.0, hint_product(var, ind))

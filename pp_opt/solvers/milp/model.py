@@ -8,6 +8,7 @@ memory cap checked at every allocation, which is where memory peaks.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import networkx as nx
 import pulp
@@ -185,7 +186,7 @@ def _time_windows(model: MilpModel) -> None:
     model.reach = reach
 
 
-def allocation_amount(model: MilpModel, key: OpKey) -> tuple[float, list[tuple[float, object]]]:
+def allocation_amount(model: MilpModel, key: OpKey) -> tuple[float, list[tuple[float, Any]]]:
     """Memory an op allocates at its start: a constant plus ``coef * binary`` terms."""
     problem, v, act = model.problem, model.vars, (key.stage, key.microbatch)
     if key.kind is OpKind.F:
@@ -204,7 +205,7 @@ def allocation_amount(model: MilpModel, key: OpKey) -> tuple[float, list[tuple[f
     return 0.0, []
 
 
-def free_amount(model: MilpModel, key: OpKey) -> tuple[float, list[tuple[float, object]]]:
+def free_amount(model: MilpModel, key: OpKey) -> tuple[float, list[tuple[float, Any]]]:
     """Memory an op frees at its end, in the same form as :func:`allocation_amount`."""
     problem, act = model.problem, (key.stage, key.microbatch)
     if key.kind is OpKind.OFFLOAD:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import pulp
 
 from pp_opt.ops import Stream
+from pp_opt.solvers.milp.variables import Hint, OpVars, Resource, WarmValues
 
 if TYPE_CHECKING:
     from pp_opt.solvers.milp.model import MilpModel
@@ -57,24 +58,24 @@ def _span(model: MilpModel) -> pulp.LpVariable:
     return span
 
 
-def _by_resource(model: MilpModel) -> dict[object, list]:
-    groups: dict[object, list] = {}
+def _by_resource(model: MilpModel) -> dict[Resource, list[OpVars]]:
+    groups: dict[Resource, list[OpVars]] = {}
     for op in model.vars.ops.values():
         groups.setdefault(op.resource, []).append(op)
     return groups
 
 
-def _hint_makespan(warm, _values) -> float:  # type: ignore[no-untyped-def]
+def _hint_makespan(warm: WarmValues, _values: dict[str, float]) -> float:
     return max(warm.end[k] for k in warm.present)
 
 
-def _hint_span(warm, _values) -> float:  # type: ignore[no-untyped-def]
+def _hint_span(warm: WarmValues, _values: dict[str, float]) -> float:
     return max(warm.span)
 
 
-def _hint_first(device: int):  # type: ignore[no-untyped-def]
+def _hint_first(device: int) -> Hint:
     return lambda warm, _values: warm.first[device]
 
 
-def _hint_last(device: int):  # type: ignore[no-untyped-def]
+def _hint_last(device: int) -> Hint:
     return lambda warm, _values: warm.last[device]

@@ -1,0 +1,217 @@
+"""Commands ``solve`` (best schedule under the caps) and ``compare`` (classic vs solver)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from pp_opt.cli.common import (
+    CapOption,
+    ChunksOption,
+    ObjectiveOption,
+    PlacementOption,
+    QuietOption,
+    problem_with_overrides,
+)
+from pp_opt.errors import PPOptError, ProblemError
+from pp_opt.problem import Device, Problem
+from pp_opt.solvers.base import Progress
+
+SolverOption = typer.Option("cpsat", "--solver", help="cpsat or milp.")
+TimeLimitOption = typer.Option(60.0, "--time-limit", help="Seconds the solver may use.")
+ThreadsOption = typer.Option(2, "--threads", help="Solver threads.")
+SeedOption = typer.Option(0, "--seed", help="Random seed (same seed, same schedule).")
+OffloadOption = typer.Option(None, "--offload/--no-offload", help="Allow activation offload.")
+RecomputeOption = typer.Option(None, "--recompute/--no-recompute", help="Allow recompute.")
+
+
+def _progress_printer(quiet: bool):  # noqa: ANN202 - a callback or None
+    if quiet:
+        return None
+
+    def show(update: Progress) -> None:
+        gap = "-"
+        if update.objective and update.bound is not None:
+            gap = f"{max(0.0, (update.objective - update.bound) / update.objective):.2%}"
+        bound = "-" if update.bound is None else f"{update.bound:.6g}"
+        typer.echo(
+            f"{update.seconds:8.2f} s  incumbent {update.objective:.6g}  bound {bound}  gap {gap}"
+        )
+
+    return show
+
+
+def _load(
+    problem_path: Path | None,
+    *,
+    profile: dict,
+    cap: float | None,
+    placement: str | None,
+    chunks: int | None,
+    objective: str | None,
+    offload: bool | None,
+    recompute: bool | None,
+) -> Problem:
+    """The problem from a file, or profiled from model and hardware cards, with overrides."""
+    if problem_path is not None:
+        if profile["model"] is not None or profile["hardware"] is not None:
+            raise ProblemError("PROBLEM", "give a problem file or --model/--hardware, not both")
+        return problem_with_overrides(
+            problem_path, cap=cap, placement=placement, chunks=chunks,
+            objective=objective, offload=offload, recompute=recompute,
+        )  # fmt: skip
+    missing = [k for k in ("model", "hardware", "pp", "microbatches") if profile[k] is None]
+    if missing:
+        raise ProblemError(
+            "PROBLEM", "give a problem file, or --model, --hardware, --pp and --microbatches "
+            f"(missing --{missing[0]})",
+        )  # fmt: skip
+    from pp_opt.profiler import profile_problem
+
+    target = placement or "loop"
+    vpp = chunks or profile["vpp"] or (2 if target == "v" else 1)
+    problem = profile_problem(
+        model=profile["model"], hardware=profile["hardware"], pp=profile["pp"], vpp=vpp,
+        placement=target, microbatches=profile["microbatches"], mbs=profile["mbs"],
+        seq=profile["seq"], tp=profile["tp"], measure=profile["measure"],
+    )  # fmt: skip
+    changes: dict[str, object] = {}
+    if cap is not None:
+        changes["devices"] = tuple(Device(cap=cap, static=d.static) for d in problem.devices)
+    for name, value in (("objective", objective), ("offload", offload), ("recompute", recompute)):
+        if value is not None:
+            changes[name] = value
+    return problem.replace(**changes) if changes else problem
+
+
+def solve(
+    problem_path: Path | None = typer.Argument(
+        None, metavar="[PROBLEM]", help="Problem TOML or JSON (or use --model/--hardware)."
+    ),
+    solver: str = SolverOption,
+    time_limit: float = TimeLimitOption,
+    threads: int = ThreadsOption,
+    seed: int = SeedOption,
+    objective: str | None = ObjectiveOption,
+    cap: float | None = CapOption,
+    placement: str | None = PlacementOption,
+    chunks: int | None = ChunksOption,
+    offload: bool | None = OffloadOption,
+    recompute: bool | None = RecomputeOption,
+    output: Path | None = typer.Option(None, "-o", "--output", help="Write schedule JSON."),
+    quiet: bool = QuietOption,
+    model: str | None = typer.Option(None, "--model", help="Model card (instead of PROBLEM)."),
+    hardware: str | None = typer.Option(None, "--hardware", help="Hardware card."),
+    pp: int | None = typer.Option(None, "--pp", help="Pipeline size (devices)."),
+    vpp: int | None = typer.Option(None, "--vpp", help="Chunks per device."),
+    microbatches: int | None = typer.Option(None, "--microbatches", "-m", help="Microbatches."),
+    mbs: int = typer.Option(1, "--mbs", help="Microbatch size."),
+    seq: int | None = typer.Option(None, "--seq", help="Sequence length."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree."),
+    measure: bool = typer.Option(False, "--measure", help="Measure costs with PyTorch."),
+) -> None:
+    """Find the best schedule under the memory caps (never worse than a classic one)."""
+    from pp_opt.report import metrics_table
+    from pp_opt.solvers import solve as run_solver
+
+    profile = dict(model=model, hardware=hardware, pp=pp, vpp=vpp, microbatches=microbatches,
+                   mbs=mbs, seq=seq, tp=tp, measure=measure)  # fmt: skip
+    problem = _load(problem_path, profile=profile, cap=cap, placement=placement, chunks=chunks,
+                    objective=objective, offload=offload, recompute=recompute)  # fmt: skip
+    result = run_solver(
+        problem, solver=solver, time_limit=time_limit, threads=threads, seed=seed,
+        objective=objective, progress=_progress_printer(quiet),
+    )  # fmt: skip
+    if not quiet:
+        warm = result.warm_start
+        typer.echo(
+            "warm start   " + ("none" if warm is None else f"{warm.name} ({warm.objective:.6g})")
+        )
+        typer.echo(metrics_table(result.schedule))
+    else:
+        typer.echo(
+            f"{result.status} {result.objective:.6g} (bound {result.lower_bound:.6g}, "
+            f"gap {result.gap:.2%}, {result.seconds:.1f} s)"
+        )
+    if output is not None:
+        from pp_opt.schedule_io import save_schedule
+
+        save_schedule(result.schedule, output)
+        typer.echo(f"wrote {output}")
+
+
+def compare_rows(problem: Problem, result_schedule=None) -> list[list[str]]:  # noqa: ANN001
+    """One row per classic schedule (or why it has none), then the solver's if given."""
+    from pp_opt.api import run_baseline
+    from pp_opt.baselines import baseline_names
+    from pp_opt.errors import InfeasibleError
+    from pp_opt.solvers.warm_start import same_placement
+
+    rows = []
+    for name in baseline_names():
+        try:
+            schedule = run_baseline(name, problem)
+        except InfeasibleError as err:
+            need = "?" if err.min_cap is None else f"{err.min_cap:.4g}"
+            rows.append([name, f"over cap (needs {need})"])
+            continue
+        except PPOptError as err:
+            rows.append([name, f"n/a: {err}"[:60]])
+            continue
+        label = name
+        if not same_placement(schedule.problem, problem):
+            label += f" ({schedule.problem.placement}, v={schedule.problem.v})"
+        rows.append(_metrics_row(label, schedule))
+    if result_schedule is not None:
+        rows.append(_metrics_row(f"{result_schedule.solver.name} ({result_schedule.solver.status})",
+                                 result_schedule))  # fmt: skip
+    return rows
+
+
+def _metrics_row(label: str, schedule) -> list[str]:  # noqa: ANN001
+    m, info = schedule.metrics, schedule.solver
+    gap = "-" if info.gap is None else f"{info.gap:.2%}"
+    return [label, f"{m.makespan:.6g}", f"{max(m.span):.6g}", f"{m.bubble_rate:.4f}",
+            f"{max(m.peak_memory):.4g}", gap]  # fmt: skip
+
+
+def compare(
+    problem_path: Path = typer.Argument(..., metavar="PROBLEM", help="Problem TOML or JSON."),
+    solver: str = SolverOption,
+    time_limit: float = TimeLimitOption,
+    threads: int = ThreadsOption,
+    seed: int = SeedOption,
+    objective: str | None = ObjectiveOption,
+    cap: float | None = CapOption,
+    placement: str | None = PlacementOption,
+    chunks: int | None = ChunksOption,
+    offload: bool | None = OffloadOption,
+    recompute: bool | None = RecomputeOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """A table of every classic schedule and the solver: makespan, span, bubble, memory, gap."""
+    from pp_opt.solvers import solve as run_solver
+
+    problem = problem_with_overrides(
+        problem_path, cap=cap, placement=placement, chunks=chunks,
+        objective=objective, offload=offload, recompute=recompute,
+    )  # fmt: skip
+    result = run_solver(problem, solver=solver, time_limit=time_limit, threads=threads,
+                        seed=seed, progress=_progress_printer(quiet))  # fmt: skip
+    header = ["schedule", "makespan", "span", "bubble", "peak mem", "gap"]
+    rows = [header] + compare_rows(problem, result.schedule)
+    widths = [max(len(r[i]) for r in rows if len(r) > i) for i in range(len(header))]
+    typer.echo(f"objective {problem.objective}, lower bound {result.lower_bound:.6g}")
+    for row in rows:
+        if len(row) == 2:
+            typer.echo(f"{row[0]:<{widths[0]}}  {row[1]}")
+        else:
+            cells = [row[0].ljust(widths[0])]
+            cells += [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
+            typer.echo("  ".join(cells))
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(solve)
+    app.command()(compare)

@@ -1,0 +1,156 @@
+"""A schedule that always fits a feasible cap: the warm start when every classic one is over it.
+
+With caps at or above what :mod:`.min_cap` proves necessary, a list schedule
+that lets at most ``k`` microbatches be in flight fits when ``k`` times the
+per-microbatch peak fits; with ``k = 1`` and the lower stages of each device
+offloaded or recomputed (the cheaper in memory), it reaches exactly the
+minimum of :func:`~.min_cap.device_min_memory`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+from pp_opt.dag import build_dag
+from pp_opt.ops import OpKey, OpKind, Stream, stream_of
+from pp_opt.problem import Problem
+from pp_opt.schedule import Schedule, SolverInfo
+from pp_opt.simulator import simulate
+from pp_opt.solvers.min_cap import kept_memory
+
+_PRIORITY = {OpKind.B: 0, OpKind.BW: 0, OpKind.R: 0, OpKind.W: 1, OpKind.F: 2}
+
+
+def in_flight_limit(problem: Problem) -> int:
+    """Most microbatches in flight such that each device's activations fit its cap."""
+    limit = problem.m
+    for device in range(problem.p):
+        one = sum(problem.stages[s].m_b for s in problem.stages_on(device))
+        room = problem.devices[device].cap - problem.devices[device].static
+        limit = min(limit, int(room / one + 1e-9) if one > 0 else problem.m)
+    return limit
+
+
+def fallback_schedule(problem: Problem, fractions: Sequence[float] = (1.0,)) -> Schedule | None:
+    """A valid schedule under the caps, or None when even one microbatch in flight is too much."""
+    k = in_flight_limit(problem)
+    if k >= 1:
+        dag = build_dag(problem, offload=False, recompute=False)
+        order = _list_order(problem, dag, k)
+        return simulate(problem, order, dag=dag, solver=_info(f"list, {k} in flight"))
+    return _sequential_with_savings(problem, fractions)
+
+
+def _info(how: str) -> SolverInfo:
+    return SolverInfo(name="fallback", status="heuristic", objective=0.0, extra={"how": how})
+
+
+def _list_order(problem: Problem, dag, k: int) -> dict:  # noqa: ANN001 - a networkx DiGraph
+    """Greedy list schedule: earliest start first, backward before ``W`` before forward."""
+    last_ops = {j: sum(1 for key in dag if key.microbatch == j and key.kind is not OpKind.F)
+                for j in range(problem.m)}  # fmt: skip
+    waiting = {key: dag.in_degree(key) for key in dag}
+    ready_at: dict[OpKey, float] = {}
+    end: dict[OpKey, float] = {}
+    free = [0.0] * problem.p
+    heaps: list[list] = [[] for _ in range(problem.p)]
+    started: set[int] = set()
+    in_flight = 0
+    order: dict[tuple[int, Stream], list[OpKey]] = {}
+
+    def push(key: OpKey) -> None:
+        device = problem.device_of(key.stage)
+        heapq.heappush(heaps[device], (ready_at.get(key, 0.0), _PRIORITY[key.kind],
+                                       key.microbatch, key.stage, key))  # fmt: skip
+
+    for key in dag:
+        if waiting[key] == 0:
+            push(key)
+
+    def admissible(key: OpKey) -> bool:
+        first = key.stage == 0 and key.kind is OpKind.F and key.microbatch not in started
+        return not first or in_flight < k
+
+    while any(heaps):
+        best = None
+        for device, heap in enumerate(heaps):
+            # Among the ops ready by the time the device is free, the best priority.
+            pulled, candidates = [], []
+            while heap and (not candidates or heap[0][0] <= free[device]):
+                pulled.append(heapq.heappop(heap))
+                if admissible(pulled[-1][4]):
+                    candidates.append(pulled[-1])
+            if candidates:
+                item = min(candidates, key=lambda it: (max(it[0], free[device]), it[1:4]))
+                rank = (max(item[0], free[device]), item[1])
+                if best is None or rank < best[0]:
+                    best = (rank, device, item)
+            for it in pulled:
+                heapq.heappush(heap, it)
+        if best is None:
+            return order  # nothing admissible: cannot happen while k >= 1
+        (start, _), device, chosen = best
+        heaps[device].remove(chosen)
+        heapq.heapify(heaps[device])
+        key = chosen[4]
+        if key.stage == 0 and key.kind is OpKind.F:
+            started.add(key.microbatch)
+            in_flight += 1
+        finish = start + dag.nodes[key]["duration"]
+        end[key], free[device] = finish, finish
+        order.setdefault((device, stream_of(key.kind)), []).append(key)
+        if key.kind is not OpKind.F:
+            last_ops[key.microbatch] -= 1
+            if last_ops[key.microbatch] == 0:
+                in_flight -= 1
+        for w in dag.successors(key):
+            ready_at[w] = max(ready_at.get(w, 0.0), finish + dag.edges[key, w]["latency"])
+            waiting[w] -= 1
+            if waiting[w] == 0:
+                push(w)
+    return order
+
+
+def _sequential_with_savings(problem: Problem, fractions: Sequence[float]) -> Schedule | None:
+    """One microbatch at a time; the lower stages of each device offloaded or recomputed."""
+    if not (problem.offload or problem.recompute):
+        return None
+    a = max(fractions) if fractions else 1.0
+    order: dict[tuple[int, Stream], list[OpKey]] = {}
+    waits: list[tuple[OpKey, OpKey]] = []
+    fraction_of: dict[OpKey, float] = {}
+    split = problem.split_backward
+    for device in range(problem.p):
+        stages = sorted(problem.stages_on(device))
+        for j in range(problem.m):
+            for i, s in enumerate(stages):
+                order.setdefault((device, Stream.COMPUTE), []).append(OpKey(OpKind.F, s, j))
+                if i + 1 < len(stages):
+                    saving = _saving(problem, s, fractions)
+                    if saving == "offload":
+                        off, rel = OpKey(OpKind.OFFLOAD, s, j), OpKey(OpKind.RELOAD, s, j)
+                        order.setdefault((device, Stream.D2H), []).append(off)
+                        order.setdefault((device, Stream.H2D), []).append(rel)
+                        fraction_of[off] = fraction_of[rel] = a
+                        waits.append((off, OpKey(OpKind.F, stages[i + 1], j)))
+                        above = stages[i + 1]
+                        waits.append((OpKey(OpKind.W if split else OpKind.BW, above, j), rel))
+            for i, s in reversed(list(enumerate(stages))):
+                if i + 1 < len(stages) and _saving(problem, s, fractions) == "recompute":
+                    order[(device, Stream.COMPUTE)].append(OpKey(OpKind.R, s, j))
+                keys = [OpKey(OpKind.B, s, j), OpKey(OpKind.W, s, j)] if split else [
+                    OpKey(OpKind.BW, s, j)]  # fmt: skip
+                order[(device, Stream.COMPUTE)].extend(keys)
+    return simulate(problem, order, fractions=fraction_of, waits=waits,
+                    solver=_info("one microbatch at a time, with savings"))  # fmt: skip
+
+
+def _saving(problem: Problem, stage: int, fractions: Sequence[float]) -> str:
+    st = problem.stages[stage]
+    best = kept_memory(problem, stage, fractions)
+    if problem.recompute and st.m_in <= best:
+        return "recompute"
+    if problem.offload and best < st.m_b:
+        return "offload"
+    return "keep"
