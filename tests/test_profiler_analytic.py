@@ -186,3 +186,14 @@ def test_cli_errors_are_one_line(capsys) -> None:
     assert code == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: layers: 22 layers") and "\n" not in err
+
+
+def test_tensor_parallel_groups_share_their_host_links() -> None:
+    one = profile_costs(model="llama2-13b", hardware="a100-80gb", pp=4, microbatches=8)
+    two = profile_costs(model="llama2-13b", hardware="a100-80gb", pp=4, tp=2, microbatches=8)
+    assert one["host_links"] == [[0, 1], [2, 3]] and two["host_links"] == []
+    assert two["profile"]["d2h_gbs"] == 7.5  # the two GPUs of a TP group copy at once
+    # half the bytes per GPU at half the bandwidth: the same offload time
+    assert two["stages"][1]["t_offload"] == pytest.approx(one["stages"][1]["t_offload"])
+    assert two["devices"][1]["static"] == pytest.approx(one["devices"][1]["static"] / 2)
+    assert two["t_comm"] < one["t_comm"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from pp_opt.errors import ProblemError
 from pp_opt.profiler.cards import GB, GIB, HardwareCard, ModelCard
@@ -152,7 +153,7 @@ def static_bytes(stages: list[StageCost], layout: Layout, hw: HardwareCard) -> l
     return static
 
 
-def link_costs(card: ModelCard, hw: HardwareCard, layout: Layout) -> dict[str, object]:
+def link_costs(card: ModelCard, hw: HardwareCard, layout: Layout) -> dict[str, Any]:
     """``t_comm`` between pipeline neighbours, host-link groups and per-GPU copy bandwidth.
 
     Devices are numbered along the pipeline and packed into nodes in order, ``tp`` GPUs each.
@@ -182,7 +183,7 @@ def link_costs(card: ModelCard, hw: HardwareCard, layout: Layout) -> dict[str, o
     }
 
 
-def profile_analytic(card: ModelCard, hw: HardwareCard, layout: Layout) -> dict[str, object]:
+def profile_analytic(card: ModelCard, hw: HardwareCard, layout: Layout) -> dict[str, Any]:
     """Everything a cost profile holds, from the formulas (see costs.py for the JSON)."""
     stages = stage_costs(card, hw, layout)
     static = static_bytes(stages, layout, hw)

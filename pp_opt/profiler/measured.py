@@ -1,13 +1,14 @@
 """Measured stage costs: time and weigh one decoder layer (and the output head) with PyTorch.
 
 Per microbatch, on CUDA when present, else CPU: forward time; B, the gradient w.r.t. the
-layer input (weight gradients deferred, see torch_blocks.py); W, the deferred weight
-gradients; and, as a check, an ordinary full backward. Activation bytes are what autograd
-keeps from F to B (saved-tensor hooks, distinct storages, parameters excluded); ``m_w`` is what
-the deferred store holds from B to W. Each time is the median of ``repeats`` runs after
-``warmup`` runs, reported with its min, max and interquartile range. On CUDA, peak memory of
-a forward and pinned device-to-host / host-to-device bandwidth are measured too; on CPU the
-copy bandwidths stay those of the hardware card.
+layer input (and the norm weights; linear weight gradients deferred, see torch_blocks.py);
+W, the deferred linear weight and bias gradients; and, as a check, an ordinary full
+backward. Activation bytes are what autograd keeps from F to B (saved-tensor hooks,
+distinct storages, parameters excluded); ``m_w`` is what the deferred store holds from B to
+W. Each time is the median of ``repeats`` runs after ``warmup`` runs, reported with its min,
+max and interquartile range. On CUDA, peak memory of a forward and pinned device-to-host /
+host-to-device bandwidth are measured too; on CPU the copy bandwidths stay those of the
+hardware card.
 
 A stage's costs are its layer count times the layer's, plus the head on the last stage and
 the (analytic, tiny) embedding on the first; static memory, caps and links stay analytic.
@@ -100,6 +101,11 @@ def measure_module(
 
     device = next(module.parameters()).device
     params = [p for p in module.parameters() if p.requires_grad]
+    # B also computes the small gradients of norm weights (as Zero Bubble does); W defers only
+    # the linear layers' weights and biases.
+    deferred = {id(p) for m in module.modules() if isinstance(m, torch.nn.Linear)
+                for p in m.parameters()}  # fmt: skip
+    in_b = [p for p in params if id(p) not in deferred]
 
     def forward() -> tuple[Any, Any, Any]:
         inputs = make_inputs()
@@ -109,7 +115,7 @@ def measure_module(
 
     def backward_input(state: Any) -> None:
         inputs, out, grad = state
-        torch.autograd.grad(out, inputs[0], grad)
+        torch.autograd.grad(out, [inputs[0], *in_b], grad)
 
     def full_backward(state: Any) -> None:
         inputs, out, grad = state

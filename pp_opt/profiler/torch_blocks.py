@@ -53,13 +53,13 @@ class WeightGradStore:
 
 class _DeferredLinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, store):  # type: ignore[override]
+    def forward(ctx, x, weight, bias, store):
         ctx.save_for_backward(x, weight)
         ctx.bias, ctx.store = bias, store
         return F.linear(x, weight, bias)
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         x, weight = ctx.saved_tensors
         ctx.store.items.append((x, grad, weight, ctx.bias))
         return grad.matmul(weight), None, None, None
@@ -67,13 +67,13 @@ class _DeferredLinear(torch.autograd.Function):
 
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, eps):  # type: ignore[override]
+    def forward(ctx, x, weight, eps):
         rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
         ctx.save_for_backward(x, rstd, weight)
         return (x.float() * rstd).to(x.dtype) * weight
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         x, rstd, weight = ctx.saved_tensors
         xhat = x.float() * rstd
         gw = grad.float() * weight.float()
