@@ -36,7 +36,7 @@ from pp_opt.ops import OpKind  # noqa: E402
 from pp_opt.problem import Problem, uniform_problem  # noqa: E402
 from pp_opt.runtime import ActivationOffloader, build_pipeline_schedule, check_stages  # noqa: E402
 from pp_opt.schedule import Schedule  # noqa: E402
-from pp_opt.schedule_io import dumps_schedule  # noqa: E402
+from pp_opt.schedule_io import dumps_schedule, save_schedule  # noqa: E402
 from pp_opt.solvers import solve  # noqa: E402
 
 TESTED_TORCH = ("2.13.",)
@@ -236,3 +236,22 @@ def test_partial_offload_moves_about_that_fraction():
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     offloader.offload(0, 0, fraction=0.5, keep=params | {x.untyped_storage().data_ptr()})
     assert offloader.events[-1].tensors == 1  # of the two saved Tanh outputs
+
+
+@pytest.mark.slow
+def test_torchrun_example_trains_a_schedule(tmp_path):
+    """examples/torchrun_train.py as a user runs it: torchrun, 2 CPU processes, offload."""
+    import subprocess
+    import sys
+
+    from conftest import EXAMPLES
+
+    path = tmp_path / "schedule.json"
+    save_schedule(CASES_P2["offload-hand"](), path)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+               "--master-port", str(_free_port()), str(EXAMPLES / "torchrun_train.py"),
+               str(path), "--steps", "2", "--width", "8", "--format", "compute_comms"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "step 1: loss" in done.stdout
+    assert "activations went to host memory and back" in done.stdout
