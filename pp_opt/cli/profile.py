@@ -34,6 +34,7 @@ def profile(
     bytes_per_param: float = typer.Option(16.0, "--bytes-per-param", help="Static bytes."),
     measure: bool = typer.Option(False, "--measure", help="Time PyTorch modules (CUDA/CPU)."),
     repeats: int = typer.Option(10, "--repeats", help="Timed runs per measurement."),
+    threads: int | None = typer.Option(None, "--threads", help="Torch CPU threads (measure)."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write the cost JSON."),
 ) -> None:
     """Profile per-stage costs (analytic, or measured with --measure) and print them."""
@@ -44,6 +45,7 @@ def profile(
         model=str(model), hardware=str(hardware), pp=pp, vpp=vpp, placement=placement,
         microbatches=microbatches, mbs=mbs, seq=seq, tp=tp, layers=_layers(layers),
         measure=measure, recompute=recompute, bytes_per_param=bytes_per_param, repeats=repeats,
+        threads=threads,
     )  # fmt: skip
     typer.echo(costs_table(data))
     if output is not None:

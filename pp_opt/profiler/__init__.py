@@ -50,6 +50,7 @@ def profile_costs(
     bytes_per_param: float = 16.0,
     repeats: int = 10,
     warmup: int = 2,
+    threads: int | None = None,
 ) -> dict[str, Any]:
     """Profile one layout and return its cost profile JSON (a dict).
 
@@ -74,6 +75,8 @@ def profile_costs(
         Static bytes per parameter (16: bf16 weights and grads, fp32 master and Adam moments).
     repeats, warmup
         Timed and untimed runs per measurement (``measure`` only).
+    threads
+        Torch CPU threads while measuring (default: torch's current setting).
     """
     card = load_model_card(model)
     hw = load_hardware_card(hardware)
@@ -86,7 +89,9 @@ def profile_costs(
     if measure:
         from pp_opt.profiler.measured import measure_profile
 
-        profile = measure_profile(card, hw, layout, profile, repeats=repeats, warmup=warmup)
+        profile = measure_profile(
+            card, hw, layout, profile, repeats=repeats, warmup=warmup, threads=threads
+        )
         kind = "measured"
     return costs_dict(kind=kind, card=card, hw=hw, layout=layout, **profile)
 

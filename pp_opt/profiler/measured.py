@@ -212,13 +212,23 @@ def measure_layers(
     warmup: int = 2,
     head: bool = True,
     seed: int = 0,
+    threads: int | None = None,
 ) -> dict[str, Any]:
     """Measure one decoder layer (and the output head) of ``card`` at ``seq`` and ``mbs``.
 
     ``dtype`` defaults to the card's on CUDA and to fp32 on CPU (where bf16 GEMMs are not
-    representative of a GPU); the result says which was used.
+    representative of a GPU); the result says which was used. ``threads`` fixes torch's
+    intra-op CPU threads for the measurement (restored afterwards).
     """
     require_torch()
+    if threads is not None:
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return measure_layers(card, seq=seq, mbs=mbs, device=device, dtype=dtype,
+                                  repeats=repeats, warmup=warmup, head=head, seed=seed)  # fmt: skip
+        finally:
+            torch.set_num_threads(before)
     from pp_opt.profiler.torch_blocks import DecoderBlock, OutputHead
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -255,6 +265,7 @@ def measure_profile(
     warmup: int = 2,
     device: Any = None,
     dtype: str | None = None,
+    threads: int | None = None,
 ) -> dict[str, Any]:
     """The analytic profile with stage times and activation bytes replaced by measured ones."""
     require_torch()
@@ -265,7 +276,7 @@ def measure_profile(
             "recompute", "measured profiles do not recompute; use recompute = 'none'"
         )
     meas = measure_layers(card, seq=layout.seq, mbs=layout.mbs, device=device, dtype=dtype,
-                          repeats=repeats, warmup=warmup)  # fmt: skip
+                          repeats=repeats, warmup=warmup, threads=threads)  # fmt: skip
     used = replace(card, dtype=meas["dtype"])
     emb = embedding_costs(used, layout, hw)
     stages: list[StageCost] = []
