@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import json
 import multiprocessing
+import os
 import socket
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -27,6 +28,7 @@ from torch_pipeline_helpers import (  # noqa: E402
     make_model,
     make_schedule,
     reference,
+    uneven_problem,
     worker,
 )
 
@@ -66,6 +68,7 @@ CASES_P2: dict[str, SchedulesBuilder] = {
     "1f1b": lambda: make_baseline("1f1b", uniform_problem(p=2, m=4, t_comm=0.1)),
     "cpsat-loop": lambda: cpsat(uniform_problem(p=2, m=4, v=2, t_comm=0.1)),
     "cpsat-v": lambda: cpsat(uniform_problem(p=2, m=4, placement="v", v=2, t_comm=0.1)),
+    "explicit-uneven": lambda: make_schedule(uneven_problem(), split=True, defer_w=True),
     "offload-hand": lambda: make_schedule(
         with_copy_costs(uniform_problem(p=2, m=4, t_comm=0.1)),
         split=True,
@@ -86,7 +89,11 @@ CASES_P4: dict[str, SchedulesBuilder] = {
     ),
 }
 FORMATS = ("compute_only", "compute_comms")
-START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+START_METHOD = os.environ.get(
+    "PP_OPT_TEST_START_METHOD",
+    "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn",
+)
+"""fork: the children inherit the imported torch (spawn re-imports it, ~10 s a process)."""
 
 
 def _free_port() -> int:
@@ -106,7 +113,6 @@ def _spawn(p: int, builders: dict[str, SchedulesBuilder], tmp) -> dict:
         for fmt in FORMATS
     ]
     (tmp / "cases.json").write_text(json.dumps(cases))
-    # fork: the children inherit the imported torch (spawn re-imports it, ~10 s a process)
     args = (p, _free_port(), str(tmp / "cases.json"), str(tmp))
     mp.start_processes(worker, args=args, nprocs=p, start_method=START_METHOD)
     by_case: dict[str, dict] = {

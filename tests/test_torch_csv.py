@@ -10,7 +10,7 @@ from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
-from torch_pipeline_helpers import make_schedule
+from torch_pipeline_helpers import make_schedule, uneven_problem
 
 from pp_opt.errors import PPOptError, ProblemError
 from pp_opt.export.torch_csv import TORCH_TYPE, torch_actions, torch_csv_rows, write_torch_csv
@@ -36,6 +36,7 @@ SCHEDULES = {
     "zb-v": lambda: make_schedule(
         uniform_problem(p=4, m=6, t_comm=0.2, placement="v", v=2), split=True, defer_w=True
     ),
+    "explicit-uneven": lambda: make_schedule(uneven_problem(), split=True, defer_w=True),
     "fused-v-nocomm": lambda: make_schedule(
         uniform_problem(p=2, m=3, placement="v", v=2), split=False
     ),

@@ -87,6 +87,15 @@ def with_offload(
     return out
 
 
+def uneven_problem(m: int = 4) -> Problem:
+    """Explicit placement, p = 2: stages 0 and 1 on device 0, stage 2 on device 1."""
+    from pp_opt.problem import Device, Stage
+
+    stages = tuple(Stage(device=d, t_f=1.0, t_b=1.0, t_w=1.0) for d in (0, 0, 1))
+    devices = (Device(cap=8.0), Device(cap=8.0))
+    return Problem(p=2, m=m, stages=stages, devices=devices, placement="explicit", t_comm=0.1)
+
+
 def make_schedule(
     problem: Problem,
     *,
@@ -152,10 +161,10 @@ def worker(rank: int, world: int, port: int, cases_path: str, out_dir: str) -> N
     import torch
     import torch.distributed as dist
 
+    torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
     results = []
     try:
         for case in json.loads(Path(cases_path).read_text()):
