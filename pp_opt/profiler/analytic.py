@@ -15,7 +15,7 @@ rest on their cards' efficiency estimates.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pp_opt.errors import ProblemError
@@ -57,7 +57,6 @@ class StageCost:
     """Parameters on this GPU (already divided by the tensor-parallel degree)."""
     embedding: bool = False
     head: bool = False
-    notes: dict[str, float] = field(default_factory=dict)
 
 
 def layer_shape(card: ModelCard, layout: Layout, **over: object) -> LayerShape:

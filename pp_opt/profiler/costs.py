@@ -59,10 +59,9 @@ def costs_dict(
             }
         )
     details = [
-        {"layers": st.layers, "embedding": st.embedding, "head": st.head, "params": st.params,
-         **st.notes}
+        {"layers": st.layers, "embedding": st.embedding, "head": st.head, "params": st.params}
         for st in stages
-    ]  # fmt: skip
+    ]
     name = (
         f"{card.name} on {hw.name}: pp={layout.pp} vpp={layout.vpp} {layout.placement} "
         f"mbs={layout.mbs} seq={layout.seq} tp={layout.tp} ({kind})"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from pp_opt.errors import ProblemError
@@ -35,8 +35,6 @@ class Layout:
     """``none`` or ``selective`` (recompute the attention core)."""
     bytes_per_param: float = 16.0
     """Static bytes per parameter: bf16 weights 2 + bf16 grads 2 + fp32 master 4 + Adam 8."""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Free-form notes kept in the provenance."""
 
     @property
     def num_stages(self) -> int:
