@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 from ortools.sat.python import cp_model
 
+from pp_opt.bounds import lower_bound
 from pp_opt.ops import OpKind
 from pp_opt.solvers.cpsat.variables import Variables
 
@@ -45,5 +47,8 @@ def add_objective(
                 model.Add(last >= op.end)
             model.Add(obj >= last - first)
             v.span_vars[device] = (first, last)
+    # The independent bound, on the model's own rounded costs, is valid for the model and
+    # lets CP-SAT prove optimality where its own relaxation is weak (spans, mostly).
+    model.Add(obj >= math.ceil(lower_bound(v.scaled, objective) - 1e-6))
     model.Minimize(obj)
     return obj
