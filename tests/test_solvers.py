@@ -126,8 +126,9 @@ def _fields(stage: Stage) -> dict:
 def test_offload_used_when_the_cap_demands_it():
     problem = uniform_problem(p=2, m=3, placement="v", v=2, cap=0.75, offload=True)
     problem = problem.replace(
-        stages=tuple(s.__class__(**{**_fields(s), "t_offload": 0.2, "t_reload": 0.2})
-                     for s in problem.stages)  # fmt: skip
+        stages=tuple(
+            s.__class__(**{**_fields(s), "t_offload": 0.2, "t_reload": 0.2}) for s in problem.stages
+        )  # fmt: skip
     )
     result = solve(problem, time_limit=3)
     kinds = {op.kind for op in result.schedule.ops}
