@@ -137,7 +137,7 @@ def _refuse_offload(schedule: Schedule, drop_offload: bool) -> None:
     logger.warning("%s; writing the compute order only, activations stay on the GPU", message)
 
 
-@dataclass(slots=True)
+@dataclass(kw_only=True, slots=True)
 class _Block:
     """Actions a rank runs together: one compute op with its sends (and
     REDUCE_GRAD), or one copy op; ``end`` is when its sends are issued."""
