@@ -173,27 +173,42 @@ def _float_or(text: str, default: float | None) -> float | None:
 
 
 class _WarmHiGHS(pulp.HiGHS):
-    """PuLP's HiGHS interface, plus the variables' initial values as a MIP start."""
+    """PuLP's HiGHS interface, plus the variables' initial values as a MIP start and
+    progress reports from HiGHS's callbacks."""
 
-    def __init__(self, *, warm_start: bool, **kwargs: object) -> None:
+    def __init__(self, *, settings: RunSettings, **kwargs: object) -> None:
         super().__init__(**kwargs)
-        self._warm_start = warm_start
+        self._settings = settings
+        self._last: tuple[float | None, float | None] = (None, None)
 
     def callSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (PuLP's name)
-        if self._warm_start:
+        highs = lp.solverModel
+        if self._settings.warm_start:
             import highspy
 
             columns = sorted(lp.variables(), key=lambda v: v.index)
             solution = highspy.HighsSolution()
             solution.col_value = [float(v.varValue or 0.0) for v in columns]
             solution.value_valid = True
-            lp.solverModel.setSolution(solution)
-        lp.solverModel.run()
+            highs.setSolution(solution)
+        if self._settings.progress is not None:
+            highs.cbMipImprovingSolution.subscribe(self._report)
+            highs.cbMipLogging.subscribe(self._report)
+        highs.run()
+
+    def _report(self, event: object) -> None:
+        out = event.data_out  # type: ignore[attr-defined]
+        objective = out.mip_primal_bound if abs(out.mip_primal_bound) < 1e300 else None
+        bound = out.mip_dual_bound if abs(out.mip_dual_bound) < 1e300 else None
+        if (objective, bound) != self._last and self._settings.progress is not None:
+            self._last = (objective, bound)
+            elapsed = time.monotonic() - self._settings.started
+            self._settings.progress(Progress(elapsed, objective, bound))
 
 
 def _run_highs(lp: pulp.LpProblem, settings: RunSettings) -> RunOutcome:
     solver = _WarmHiGHS(
-        warm_start=settings.warm_start,
+        settings=settings,
         msg=False,
         timeLimit=max(settings.time_limit - (time.monotonic() - settings.started), 0.1),
         threads=settings.threads,
