@@ -233,6 +233,40 @@ def test_offloader_moves_saved_tensors_and_gradients_survive():
         assert torch.equal(param.grad, expected[name])
 
 
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+        ),
+    ],
+)
+def test_offload_copies_to_host_memory_and_back(device, caplog):
+    """On CUDA the copy is pinned host memory on a side stream; a backward that runs
+    before its RELOAD still gets its tensors (reloaded then, with a warning)."""
+    model = make_model(1, seed=5).to(device)
+    x, y = (t.to(device) for t in make_batch(1, seed=5))
+    _, expected = reference(copy.deepcopy(model), x, y, 1)
+    offloader = ActivationOffloader(torch.device(device), record=True)
+    with offloader.capture(0, 0):
+        out = model(x)
+    keep = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    keep |= {x.untyped_storage().data_ptr(), out.untyped_storage().data_ptr()}
+    offloader.offload(0, 0, keep=keep)
+    moved = [h for ref in offloader._saved[(0, 0)] if (h := ref()) is not None and h.moved]
+    assert len(moved) == 1 and moved[0].tensor.device.type == "cpu"
+    if device == "cuda":
+        assert moved[0].tensor.is_pinned()
+    with caplog.at_level("WARNING", logger="pp_opt.runtime.offload"):
+        torch.nn.functional.mse_loss(out, y).backward()  # no reload: the unpack does it
+    assert "before its RELOAD" in caplog.text
+    assert moved[0].tensor.device.type == torch.device(device).type
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, expected[name], rtol=0, atol=1e-12)
+
+
 def test_partial_offload_moves_about_that_fraction():
     model = make_model(1, seed=4)
     x, _ = make_batch(2, seed=4)
