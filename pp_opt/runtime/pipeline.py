@@ -84,7 +84,8 @@ def build_pipeline_schedule(
         Loss of the last stage's output and target, as for PyTorch's schedules.
     format
         ``compute_only``: PyTorch inserts the sends and receives itself;
-        ``compute_comms``: pp_opt places them where the solved times put them.
+        ``compute_comms``: pp_opt places them where the solved times put them
+        (no UNSHARD/RESHARD then: use ``compute_only`` for FSDP-wrapped stages).
     scale_grads
         Divide gradients by ``m`` (for a loss that averages), as PyTorch does.
     n_microbatches
