@@ -20,6 +20,12 @@ from pp_opt.simulator import simulate
 from pp_opt.solvers.min_cap import kept_memory
 
 _PRIORITY = {OpKind.B: 0, OpKind.BW: 0, OpKind.R: 0, OpKind.W: 1, OpKind.F: 2}
+GREEDY_PRIORITIES = {
+    "greedy-bfw": {OpKind.B: 0, OpKind.BW: 0, OpKind.F: 1, OpKind.W: 2},
+    "greedy-bwf": {OpKind.B: 0, OpKind.BW: 0, OpKind.W: 1, OpKind.F: 2},
+}
+"""Zero-Bubble-style greedy rules: a ready backward first, then a forward while memory
+allows (or a pending ``W``), the rest filling what would be idle time."""
 
 
 def in_flight_limit(problem: Problem) -> int:
@@ -38,16 +44,45 @@ def fallback_schedule(problem: Problem, fractions: Sequence[float] = (1.0,)) -> 
     if k >= 1:
         dag = build_dag(problem, offload=False, recompute=False)
         order = _list_order(problem, dag, k)
+        if order is None:
+            return None
         return simulate(problem, order, dag=dag, solver=_info(f"list, {k} in flight"))
     return _sequential_with_savings(problem, fractions)
+
+
+def greedy_schedules(problem: Problem) -> list[tuple[str, Schedule]]:
+    """List schedules that start a forward whenever the device's memory allows.
+
+    Unlike :func:`fallback_schedule` they may deadlock (every device full and waiting),
+    so a rule that gets stuck simply yields nothing.
+    """
+    out = []
+    dag = build_dag(problem, offload=False, recompute=False)
+    for name, priority in GREEDY_PRIORITIES.items():
+        order = _list_order(problem, dag, problem.m, priority=priority, memory_aware=True)
+        if order is not None:
+            out.append((name, simulate(problem, order, dag=dag, solver=_info(name))))
+    return out
 
 
 def _info(how: str) -> SolverInfo:
     return SolverInfo(name="fallback", status="heuristic", objective=0.0, extra={"how": how})
 
 
-def _list_order(problem: Problem, dag, k: int) -> dict:  # noqa: ANN001 - a networkx DiGraph
-    """Greedy list schedule: earliest start first, backward before ``W`` before forward."""
+def _list_order(  # noqa: C901 - one event loop
+    problem: Problem,
+    dag,  # noqa: ANN001 - a networkx DiGraph
+    k: int,
+    *,
+    priority: dict[OpKind, int] | None = None,
+    memory_aware: bool = False,
+) -> dict | None:
+    """Greedy list schedule: earliest start first, then by ``priority`` (backward, ``W``,
+    forward by default); at most ``k`` microbatches in flight, and with ``memory_aware``
+    a forward only when the device's activations stay under its cap. None if stuck."""
+    priority = priority or _PRIORITY
+    memory = [0.0] * problem.p
+    room = [d.cap - d.static + 1e-9 for d in problem.devices]
     last_ops = {j: sum(1 for key in dag if key.microbatch == j and key.kind is not OpKind.F)
                 for j in range(problem.m)}  # fmt: skip
     waiting = {key: dag.in_degree(key) for key in dag}
@@ -61,7 +96,7 @@ def _list_order(problem: Problem, dag, k: int) -> dict:  # noqa: ANN001 - a netw
 
     def push(key: OpKey) -> None:
         device = problem.device_of(key.stage)
-        heapq.heappush(heaps[device], (ready_at.get(key, 0.0), _PRIORITY[key.kind],
+        heapq.heappush(heaps[device], (ready_at.get(key, 0.0), priority[key.kind],
                                        key.microbatch, key.stage, key))  # fmt: skip
 
     for key in dag:
@@ -69,6 +104,10 @@ def _list_order(problem: Problem, dag, k: int) -> dict:  # noqa: ANN001 - a netw
             push(key)
 
     def admissible(key: OpKey) -> bool:
+        if key.kind is OpKind.F and memory_aware:
+            device = problem.device_of(key.stage)
+            if memory[device] + dag.nodes[key]["mem_start"] > room[device]:
+                return False
         first = key.stage == 0 and key.kind is OpKind.F and key.microbatch not in started
         return not first or in_flight < k
 
@@ -89,7 +128,7 @@ def _list_order(problem: Problem, dag, k: int) -> dict:  # noqa: ANN001 - a netw
             for it in pulled:
                 heapq.heappush(heap, it)
         if best is None:
-            return order  # nothing admissible: cannot happen while k >= 1
+            return None  # stuck: only with memory_aware (k >= 1 alone always progresses)
         (start, _), device, chosen = best
         heaps[device].remove(chosen)
         heapq.heapify(heaps[device])
@@ -97,6 +136,7 @@ def _list_order(problem: Problem, dag, k: int) -> dict:  # noqa: ANN001 - a netw
         if key.stage == 0 and key.kind is OpKind.F:
             started.add(key.microbatch)
             in_flight += 1
+        memory[device] += dag.nodes[key]["mem_start"] + dag.nodes[key]["mem_end"]
         finish = start + dag.nodes[key]["duration"]
         end[key], free[device] = finish, finish
         order.setdefault((device, stream_of(key.kind)), []).append(key)

@@ -45,17 +45,21 @@ def best_warm_start(
 ) -> tuple[str, Schedule] | None:
     """The better of the best baseline and :func:`~.fallback.fallback_schedule` (which
     fits whenever the caps admit any schedule)."""
-    from pp_opt.solvers.fallback import fallback_schedule
+    from pp_opt.solvers.fallback import fallback_schedule, greedy_schedules
+    from pp_opt.validator import validate
 
     objective = objective or problem.objective
     found = best_baseline(problem, objective)
+    candidates: list[tuple[str, Schedule | None]] = []
     try:
-        extra = fallback_schedule(problem, fractions)
+        candidates.append(("fallback", fallback_schedule(problem, fractions)))
+        candidates += greedy_schedules(problem)
     except PPOptError as err:
-        log.info("fallback schedule failed: %s", err)
-        extra = None
-    if extra is not None and (
-        found is None or extra.objective_value(objective) < found[1].objective_value(objective)
-    ):
-        found = ("fallback", extra)
+        log.info("heuristic warm start failed: %s", err)
+    for name, schedule in candidates:
+        if schedule is None or validate(schedule):
+            continue
+        value = schedule.objective_value(objective)
+        if found is None or value < found[1].objective_value(objective):
+            found = (name, schedule)
     return found

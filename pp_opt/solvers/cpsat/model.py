@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 import networkx as nx
@@ -77,7 +78,7 @@ def solve_cpsat(problem: Problem, dag: nx.DiGraph, options: SolveOptions) -> Bac
     params.num_workers = max(1, options.threads)
     params.random_seed = options.seed
     params.interleave_search = options.threads > 1
-    callback = _ProgressCallback(options, scaling.time, started)
+    callback = _ProgressCallback(options, scaling.time, started, obj, v)
     status = solver.Solve(model, callback)
     seconds = time.perf_counter() - started
     name = _STATUS.get(status)
@@ -88,16 +89,25 @@ def solve_cpsat(problem: Problem, dag: nx.DiGraph, options: SolveOptions) -> Bac
         return BackendResult(status=name, objective=None, bound=None, seconds=seconds, ops=None)
     return BackendResult(
         status=name,
-        objective=solver.ObjectiveValue() / scaling.time,
-        bound=solver.BestObjectiveBound() / scaling.time,
+        objective=solver.Value(obj) / scaling.time,
+        bound=_objective_bound(solver.BestObjectiveBound(), v) / scaling.time,
         seconds=seconds,
         ops=_read_ops(solver, v),
     )
 
 
 class _ProgressCallback(cp_model.CpSolverSolutionCallback):
-    def __init__(self, options: SolveOptions, scale: float, started: float) -> None:
+    def __init__(
+        self,
+        options: SolveOptions,
+        scale: float,
+        started: float,
+        obj: cp_model.IntVar,
+        v: Variables,
+    ) -> None:
         super().__init__()
+        self._obj = obj
+        self._bound = lambda b: _objective_bound(b, v)
         self._report = options.progress
         self._scale = scale
         self._started = started
@@ -107,10 +117,21 @@ class _ProgressCallback(cp_model.CpSolverSolutionCallback):
             self._report(
                 Progress(
                     seconds=time.perf_counter() - self._started,
-                    objective=self.ObjectiveValue() / self._scale,
-                    bound=self.BestObjectiveBound() / self._scale,
+                    objective=self.Value(self._obj) / self._scale,
+                    bound=self._bound(self.BestObjectiveBound()) / self._scale,
                 )
             )
+
+
+def _objective_bound(bound: float, v: Variables) -> float:
+    """A bound on the objective from one on ``weight * objective + sum of p terms``.
+
+    Each of the ``p`` secondary terms is at most the objective, so the weighted sum is
+    at most ``(weight + p) * objective``.
+    """
+    if v.weight == 1:
+        return bound
+    return math.ceil(bound / (v.weight + v.problem.p) - 1e-9)
 
 
 def _read_ops(solver: cp_model.CpSolver, v: Variables) -> tuple[ScheduledOp, ...]:
@@ -205,6 +226,8 @@ def _add_hints(
             model.AddHint(size, max(0, b - a))
     for device, (first, last) in v.span_vars.items():
         own = warm.device_ops(device)
-        model.AddHint(first, int(round(min(op.start for op in own))))
+        model.AddHint(
+            first, 0 if objective == "makespan" else int(round(min(op.start for op in own)))
+        )
         model.AddHint(last, int(round(max(op.end for op in own))))
     model.AddHint(obj, _objective_of(warm, objective))

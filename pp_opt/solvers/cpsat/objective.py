@@ -11,6 +11,8 @@ from pp_opt.bounds import lower_bound
 from pp_opt.ops import OpKind
 from pp_opt.solvers.cpsat.variables import Variables
 
+SECONDARY = bool(int(__import__("os").environ.get("PP_SECONDARY", "0")))
+
 
 def add_objective(
     model: cp_model.CpModel, v: Variables, objective: str, *, upper: int | None = None
@@ -26,29 +28,37 @@ def add_objective(
     top = v.horizon if upper is None else min(upper, v.horizon)
     obj = model.NewIntVar(0, top, objective)
     last_kinds = (OpKind.W, OpKind.BW)
-    if objective == "makespan":
-        for op in v.ops.values():
-            if op.key.kind in last_kinds:
-                model.Add(obj >= op.end)
-    else:
-        firsts: dict[int, list] = defaultdict(list)
-        lasts: dict[int, list] = defaultdict(list)
-        for op in v.ops.values():
-            if op.key.kind is OpKind.F:
-                firsts[op.device].append(op)
-            elif op.key.kind in last_kinds:
-                lasts[op.device].append(op)
-        for device in firsts:
-            first = model.NewIntVar(0, v.horizon, f"first_{device}")
-            last = model.NewIntVar(0, v.horizon, f"last_{device}")
+    firsts: dict[int, list] = defaultdict(list)
+    lasts: dict[int, list] = defaultdict(list)
+    for op in v.ops.values():
+        if op.key.kind is OpKind.F:
+            firsts[op.device].append(op)
+        elif op.key.kind in last_kinds:
+            lasts[op.device].append(op)
+    spans = []
+    for device in sorted(lasts):
+        first = model.NewIntVar(0, v.horizon, f"first_{device}")
+        last = model.NewIntVar(0, v.horizon, f"last_{device}")
+        for op in lasts[device]:
+            model.Add(last >= op.end)
+        if objective == "makespan":
+            model.Add(obj >= last)
+            model.Add(first == 0)
+            spans.append(last)
+        else:
             for op in firsts[device]:
                 model.Add(first <= op.start)
-            for op in lasts[device]:
-                model.Add(last >= op.end)
             model.Add(obj >= last - first)
-            v.span_vars[device] = (first, last)
+            spans.append(last - first)
+        v.span_vars[device] = (first, last)
     # The independent bound, on the model's own rounded costs, is valid for the model and
     # lets CP-SAT prove optimality where its own relaxation is weak (spans, mostly).
     model.Add(obj >= math.ceil(lower_bound(v.scaled, objective) - 1e-6))
-    model.Minimize(obj)
+    if SECONDARY:
+        # Lexicographic: the objective first, then the sum of the device spans (or last
+        # ends), which gives the search a slope where the max alone is flat.
+        v.weight = v.problem.p * v.horizon + 1
+        model.Minimize(v.weight * obj + sum(spans))
+    else:
+        model.Minimize(obj)
     return obj

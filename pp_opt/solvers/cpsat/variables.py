@@ -58,6 +58,8 @@ class Variables:
     """Literal "activation kept", for activations that have another choice."""
     lifetimes: list[tuple] = field(default_factory=list)
     """``(size, alloc, free)`` of each memory interval; ``alloc``/``free`` are ``(op, at_end)``."""
+    weight: int = 1
+    """Weight of the objective in the minimised expression (a secondary term may follow)."""
     span_vars: dict[int, tuple[cp_model.IntVar, cp_model.IntVar]] = field(default_factory=dict)
     """Per device, first start and last end (``span`` objective only)."""
 

@@ -222,6 +222,6 @@ def _run_highs(lp: pulp.LpProblem, settings: RunSettings) -> RunOutcome:
     optimal = model_status == highspy.HighsModelStatus.kOptimal
     infeasible = model_status == highspy.HighsModelStatus.kInfeasible
     has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
-    bound = float(info.mip_dual_bound) if info.mip_dual_bound > -1e300 else None
+    bound = float(info.mip_dual_bound) if abs(info.mip_dual_bound) < 1e300 else None
     return RunOutcome(proved_optimal=optimal, proved_infeasible=infeasible,
                       has_solution=has_solution, bound=bound)  # fmt: skip
