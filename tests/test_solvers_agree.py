@@ -8,12 +8,13 @@ about a second; each one has a memory cap that binds (checked below).
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 
 from pp_opt.dag import build_dag
 from pp_opt.metrics import compute_metrics
-from pp_opt.problem import Problem, uniform_problem
+from pp_opt.problem import Device, Problem, Stage, uniform_problem
 from pp_opt.schedule import Schedule, SolverInfo
 from pp_opt.solvers import solve
 from pp_opt.solvers.base import SolveOptions
@@ -188,3 +189,31 @@ def test_milp_reports_progress(backend: str) -> None:
     assert seen[-1].objective == pytest.approx(result.objective)
     assert seen[-1].bound == pytest.approx(result.objective)
     assert all(a.seconds <= b.seconds for a, b in zip(seen, seen[1:], strict=False))
+
+
+def _random_problem(seed: int) -> Problem:
+    """Small loop problems with uneven stages and a cap that 1F1B fits (a warm start exists)."""
+    rng = random.Random(seed)
+    p, m = rng.choice([(2, 4), (3, 4), (3, 6)])
+    stages = tuple(
+        Stage(device=s, t_f=rng.choice([0.8, 1.0, 1.3]), t_b=rng.choice([1.0, 1.2, 1.6]),
+              t_w=rng.choice([0.4, 0.6, 0.9]), m_b=1.0, m_w=rng.choice([0.2, 0.4]))
+        for s in range(p)
+    )  # fmt: skip
+    cap = p + rng.choice([0.0, 0.5, 1.0])
+    devices = tuple(Device(cap=cap) for _ in range(p))
+    return Problem(p=p, m=m, stages=stages, devices=devices, t_comm=rng.choice([0.0, 0.1]))
+
+
+@pytest.mark.parametrize("backend", ["cbc", "highs"])
+@pytest.mark.parametrize("seed", range(3))
+def test_warm_start_guarantee_on_random_instances(seed: int, backend: str) -> None:
+    problem = _random_problem(seed)
+    found = best_baseline(problem, "makespan")
+    assert found is not None
+    warm = found[1]
+    options = SolveOptions(time_limit=1.0, objective="makespan", warm_start=warm, seed=seed)
+    result = solve_milp(problem, build_dag(problem), options, backend=backend)
+    assert result.ops is not None and result.objective is not None
+    assert result.objective <= warm.metrics.makespan + 1e-9
+    check_schedule(_schedule(problem, result.ops))
