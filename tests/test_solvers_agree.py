@@ -57,6 +57,21 @@ def _recompute_p2() -> Problem:
     return base.replace(stages=stages, recompute=True)
 
 
+def _uneven_p2() -> Problem:
+    """Stage 1 forwards slowly: the span optimum (12.0) beats the makespan optimum (13.1)."""
+    stages = (
+        Stage(device=0, t_f=1.0, t_b=1.0, t_w=0.5, m_w=0.3),
+        Stage(device=1, t_f=2.0, t_b=1.0, t_w=1.0, m_w=0.3),
+    )
+    devices = tuple(Device(cap=3.0) for _ in range(2))
+    return Problem(p=2, m=3, stages=stages, devices=devices, t_comm=0.1)
+
+
+def _fused_p3() -> Problem:
+    return uniform_problem(p=3, m=4, t_f=1.0, t_b=1.2, t_w=0.6, m_w=0.3, t_comm=0.1, cap=2.0,
+                           split_backward=False)  # fmt: skip
+
+
 def _shared_link_p2() -> Problem:
     return _offload_p2().replace(host_links=((0, 1),))
 
@@ -66,6 +81,9 @@ CASES = [
     pytest.param(_loop_p2, "span", (1.0,), 14.4, id="loop-p2-span"),
     pytest.param(_loop_p3, "makespan", (1.0,), 13.8, id="loop-p3-makespan"),
     pytest.param(_v_p2, "makespan", (1.0,), 8.5, id="v-p2-makespan"),
+    pytest.param(_uneven_p2, "makespan", (1.0,), 13.1, id="uneven-p2-makespan"),
+    pytest.param(_uneven_p2, "span", (1.0,), 12.0, id="uneven-p2-span"),
+    pytest.param(_fused_p3, "makespan", (1.0,), 20.4, id="fused-p3-makespan"),
     pytest.param(_offload_p2, "makespan", (1.0,), 7.2, id="offload-p2-makespan"),
     pytest.param(_offload_p2, "span", (1.0,), 7.2, id="offload-p2-span"),
     pytest.param(_offload_p2, "makespan", (0.5, 1.0), 7.2, id="offload-fractions-p2"),
