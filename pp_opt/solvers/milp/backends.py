@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import signal
 import tempfile
 import threading
 import time
@@ -80,12 +82,16 @@ def _run_cbc(lp: pulp.LpProblem, settings: RunSettings) -> RunOutcome:
     CBC 2.10.3 (PuLP's) can crash when its time limit falls in preprocessing;
     the caller then falls back on the warm start.
     """
+    bound = None
     for preprocess in (True, False):
-        try:
-            text = _cbc_once(lp, settings, preprocess=preprocess)
-        except pulp.PulpSolverError as err:
-            log.warning("CBC failed (%s)%s", err, "; retrying without preprocessing"
-                        if preprocess else "")  # fmt: skip
+        text, error = _cbc_once(lp, settings, preprocess=preprocess)
+        if error is not None:
+            bound = _cbc_bound(text)  # what the log said before CBC stopped
+            remaining = settings.time_limit - (time.monotonic() - settings.started)
+            if not preprocess or remaining < 1.0:
+                log.warning("CBC failed (%s)", error)
+                break
+            log.warning("CBC failed (%s); retrying without preprocessing", error)
             continue
         optimal = lp.status == pulp.LpStatusOptimal and lp.sol_status == pulp.LpSolutionOptimal
         has_solution = lp.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
@@ -94,35 +100,100 @@ def _run_cbc(lp: pulp.LpProblem, settings: RunSettings) -> RunOutcome:
         return RunOutcome(proved_optimal=optimal, proved_infeasible=infeasible,
                           has_solution=has_solution, bound=bound)  # fmt: skip
     return RunOutcome(proved_optimal=False, proved_infeasible=False, has_solution=False,
-                      bound=None)  # fmt: skip
+                      bound=bound)  # fmt: skip
 
 
-def _cbc_once(lp: pulp.LpProblem, settings: RunSettings, *, preprocess: bool) -> str:
-    """One CBC run; returns its log."""
+def _cbc_once(
+    lp: pulp.LpProblem, settings: RunSettings, *, preprocess: bool
+) -> tuple[str, pulp.PulpSolverError | None]:
+    """One CBC run: its log, and the error if CBC crashed or was killed."""
     fd, log_path = tempfile.mkstemp(prefix="pp_opt_cbc_", suffix=".log")
     os.close(fd)
     watcher = _LogWatcher(log_path, settings) if settings.progress else None
+    remaining = settings.time_limit - (time.monotonic() - settings.started)
+    grace = max(2.0, 0.05 * settings.time_limit)
+    deadline = _Deadline(log_path, max(remaining, 0.1) + grace, grace)
+    error = None
     try:
         if watcher:
             watcher.start()
-        lp.solve(_cbc_command(settings, log_path, preprocess=preprocess))
+        with deadline:
+            lp.solve(_cbc_command(settings, log_path, preprocess=preprocess))
+    except pulp.PulpSolverError as err:
+        error = err
     finally:
         if watcher:
             watcher.stop()
         with open(log_path) as f:
             text = f.read()
         os.unlink(log_path)
-    return text
+    return text, error
+
+
+class _Deadline:
+    """Interrupts CBC once it overruns its time limit by a grace period.
+
+    CBC checks its limit only between nodes and cut passes, so on big models it
+    can run well past it. On SIGINT it stops as on its own limit and writes its
+    best solution. The CBC process is the child whose output goes to ``log_path``
+    (Linux ``/proc``; elsewhere this does nothing).
+    """
+
+    def __init__(self, log_path: str, seconds: float, grace: float) -> None:
+        self._log_path, self._seconds, self._grace = log_path, seconds, grace
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._wait, daemon=True)
+
+    def __enter__(self) -> _Deadline:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _wait(self) -> None:
+        # SIGINT first (CBC keeps its incumbent); if CBC does not stop within the same
+        # grace again, SIGKILL (its incumbent is lost and the caller uses the warm start).
+        for sig, wait in ((signal.SIGINT, self._seconds), (signal.SIGKILL, self._grace)):
+            if self._stop.wait(wait):
+                return
+            for pid in _children_writing_to(self._log_path):
+                log.warning("CBC overran its time limit; sending %s to pid %d", sig.name, pid)
+                with contextlib.suppress(OSError):
+                    os.kill(pid, sig)
+
+
+def _children_writing_to(path: str) -> list[int]:
+    """Child processes of this one whose standard output is ``path``."""
+    me = f"/proc/{os.getpid()}"
+    try:
+        children = []
+        for task in os.listdir(f"{me}/task"):
+            with open(f"{me}/task/{task}/children") as f:
+                children += [int(pid) for pid in f.read().split()]
+    except OSError:
+        return []
+    found = []
+    for pid in children:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/1") == os.path.realpath(path):
+                found.append(pid)
+        except OSError:
+            continue
+    return found
 
 
 _LOWER_BOUND = re.compile(r"^Lower bound:\s+(\S+)", re.MULTILINE)
 _BEST_POSSIBLE = re.compile(r"best possible (\S+)")
 _INTEGER_FOUND = re.compile(r"Integer solution of (\S+) found")
+_RELAXATION = re.compile(r"Continuous objective value is (\S+)")
 
 
 def _cbc_bound(text: str) -> float | None:
-    """CBC's final best bound: its summary's ``Lower bound:`` or the last ``best possible``."""
-    found = _LOWER_BOUND.findall(text) or _BEST_POSSIBLE.findall(text)
+    """CBC's best bound: its summary's ``Lower bound:``, else the last ``best possible``,
+    else the LP relaxation's value (all valid lower bounds)."""
+    found = _LOWER_BOUND.findall(text) or _BEST_POSSIBLE.findall(text) or _RELAXATION.findall(text)
     try:
         return float(found[-1]) if found else None
     except ValueError:
