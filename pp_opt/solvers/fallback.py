@@ -21,8 +21,9 @@ from pp_opt.solvers.min_cap import kept_memory
 
 _PRIORITY = {OpKind.B: 0, OpKind.BW: 0, OpKind.R: 0, OpKind.W: 1, OpKind.F: 2}
 GREEDY_PRIORITIES = {
-    "greedy-bfw": {OpKind.B: 0, OpKind.BW: 0, OpKind.F: 1, OpKind.W: 2},
-    "greedy-bwf": {OpKind.B: 0, OpKind.BW: 0, OpKind.W: 1, OpKind.F: 2},
+    "greedy-bfw": ({OpKind.B: 0, OpKind.BW: 0, OpKind.F: 1, OpKind.W: 2}, False),
+    "greedy-bwf": ({OpKind.B: 0, OpKind.BW: 0, OpKind.W: 1, OpKind.F: 2}, False),
+    "greedy-lazy-w": ({OpKind.B: 0, OpKind.BW: 0, OpKind.F: 1, OpKind.W: 2}, True),
 }
 """Zero-Bubble-style greedy rules: a ready backward first, then a forward while memory
 allows (or a pending ``W``), the rest filling what would be idle time."""
@@ -58,8 +59,10 @@ def greedy_schedules(problem: Problem) -> list[tuple[str, Schedule]]:
     """
     out = []
     dag = build_dag(problem, offload=False, recompute=False)
-    for name, priority in GREEDY_PRIORITIES.items():
-        order = _list_order(problem, dag, problem.m, priority=priority, memory_aware=True)
+    for name, (priority, lazy_w) in GREEDY_PRIORITIES.items():
+        order = _list_order(
+            problem, dag, problem.m, priority=priority, memory_aware=True, lazy_w=lazy_w
+        )
         if order is not None:
             out.append((name, simulate(problem, order, dag=dag, solver=_info(name))))
     return out
@@ -76,10 +79,17 @@ def _list_order(  # noqa: C901 - one event loop
     *,
     priority: dict[OpKind, int] | None = None,
     memory_aware: bool = False,
+    lazy_w: bool = False,
 ) -> dict | None:
     """Greedy list schedule: earliest start first, then by ``priority`` (backward, ``W``,
     forward by default); at most ``k`` microbatches in flight, and with ``memory_aware``
-    a forward only when the device's activations stay under its cap. None if stuck."""
+    a forward only when the device's activations stay under its cap; with ``lazy_w`` a
+    ``W`` only once memory blocks the device's next forward or its forwards are done (the
+    deferred ``W`` fill the drain, which keeps per-device spans short). None if stuck."""
+    forwards_left = [0] * problem.p
+    for key in dag:
+        if key.kind is OpKind.F:
+            forwards_left[problem.device_of(key.stage)] += 1
     priority = priority or _PRIORITY
     memory = [0.0] * problem.p
     room = [d.cap - d.static + 1e-9 for d in problem.devices]
@@ -103,11 +113,18 @@ def _list_order(  # noqa: C901 - one event loop
         if waiting[key] == 0:
             push(key)
 
+    smallest = [min(problem.stages[s].m_b for s in problem.stages_on(d)) for d in range(problem.p)]
+
+    def fits(key: OpKey) -> bool:
+        device = problem.device_of(key.stage)
+        return memory[device] + dag.nodes[key]["mem_start"] <= room[device]
+
     def admissible(key: OpKey) -> bool:
-        if key.kind is OpKind.F and memory_aware:
-            device = problem.device_of(key.stage)
-            if memory[device] + dag.nodes[key]["mem_start"] > room[device]:
-                return False
+        device = problem.device_of(key.stage)
+        if key.kind is OpKind.F and memory_aware and not fits(key):
+            return False
+        if key.kind is OpKind.W and lazy_w and forwards_left[device] > 0:
+            return memory[device] + smallest[device] > room[device]
         first = key.stage == 0 and key.kind is OpKind.F and key.microbatch not in started
         return not first or in_flight < k
 
@@ -133,6 +150,8 @@ def _list_order(  # noqa: C901 - one event loop
         heaps[device].remove(chosen)
         heapq.heapify(heaps[device])
         key = chosen[4]
+        if key.kind is OpKind.F:
+            forwards_left[device] -= 1
         if key.stage == 0 and key.kind is OpKind.F:
             started.add(key.microbatch)
             in_flight += 1

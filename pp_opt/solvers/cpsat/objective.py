@@ -35,7 +35,6 @@ def add_objective(
             firsts[op.device].append(op)
         elif op.key.kind in last_kinds:
             lasts[op.device].append(op)
-    spans = []
     for device in sorted(lasts):
         first = model.NewIntVar(0, v.horizon, f"first_{device}")
         last = model.NewIntVar(0, v.horizon, f"last_{device}")
@@ -44,21 +43,13 @@ def add_objective(
         if objective == "makespan":
             model.Add(obj >= last)
             model.Add(first == 0)
-            spans.append(last)
         else:
             for op in firsts[device]:
                 model.Add(first <= op.start)
             model.Add(obj >= last - first)
-            spans.append(last - first)
         v.span_vars[device] = (first, last)
     # The independent bound, on the model's own rounded costs, is valid for the model and
     # lets CP-SAT prove optimality where its own relaxation is weak (spans, mostly).
     model.Add(obj >= math.ceil(lower_bound(v.scaled, objective) - 1e-6))
-    if SECONDARY:
-        # Lexicographic: the objective first, then the sum of the device spans (or last
-        # ends), which gives the search a slope where the max alone is flat.
-        v.weight = v.problem.p * v.horizon + 1
-        model.Minimize(v.weight * obj + sum(spans))
-    else:
-        model.Minimize(obj)
+    model.Minimize(obj)
     return obj

@@ -69,9 +69,10 @@ def solve_milp(
         progress=options.progress,
         started=started,
     )
-    if model.infeasible:
-        outcome = RunOutcome(proved_optimal=False, proved_infeasible=True, has_solution=False,
-                             bound=None)  # fmt: skip
+    if model.infeasible or time.monotonic() - started >= options.time_limit:
+        # A cap that precedences alone break, or no time left after building the model.
+        outcome = RunOutcome(proved_optimal=False, proved_infeasible=model.infeasible,
+                             has_solution=False, bound=None)  # fmt: skip
     else:
         outcome = run_backend(model.lp, backend, settings)
     found = read_ops(model) if outcome.has_solution else None

@@ -32,7 +32,7 @@ FREEING = (OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD)
 def activation_choice(model: MilpModel) -> None:
     """Each activation is kept, offloaded with one of the fractions, or recomputed."""
     v = model.vars
-    for act in set(v.offload) | set(v.recompute):
+    for act in sorted(set(v.offload) | set(v.recompute)):
         chosen = [z for _, z in v.offload.get(act, [])]
         if act in v.recompute:
             chosen.append(v.recompute[act])
