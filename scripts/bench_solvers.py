@@ -79,8 +79,10 @@ def run_instance(instance: str, problem: Problem, args: argparse.Namespace) -> l
         rows.append(row_of(instance, label, schedule, time.perf_counter() - t0))
     t0 = time.perf_counter()
     try:
-        result = solve(problem, solver=args.solver, time_limit=args.time_limit, threads=args.threads, seed=args.seed,
-                       offload_fractions=args.fractions)  # fmt: skip
+        result = solve(
+            problem, solver=args.solver, time_limit=args.time_limit, threads=args.threads,
+            seed=args.seed, offload_fractions=args.fractions,
+        )  # fmt: skip
         row = row_of(instance, f"pp_opt/{args.solver}", result.schedule, time.perf_counter() - t0)
         row["warm_start"] = result.warm_start.name if result.warm_start else None
         rows.append(row)
@@ -144,8 +146,10 @@ def part_scale(args: argparse.Namespace) -> list[dict]:
                                   cap=float(p))  # fmt: skip
         t0 = time.perf_counter()
         try:
-            result = solve(problem, solver=args.solver, time_limit=args.time_limit, threads=args.threads,
-                           seed=args.seed)  # fmt: skip
+            result = solve(
+                problem, solver=args.solver, time_limit=args.time_limit,
+                threads=args.threads, seed=args.seed,
+            )  # fmt: skip
             row = row_of(f"scale p={p} m={4 * p} cap=p", "pp_opt", result.schedule,
                          time.perf_counter() - t0)  # fmt: skip
             row["warm_start"] = result.warm_start.name if result.warm_start else None
