@@ -178,11 +178,12 @@ def test_milp_is_valid_and_never_worse_than_its_warm_start(limit: float) -> None
         assert result.bound <= result.objective + 1e-9
 
 
-def test_milp_same_seed_same_schedule() -> None:
-    problem = _loop_p3()
+@pytest.mark.parametrize("backend", ["cbc", "highs"])
+def test_milp_same_seed_same_schedule(backend: str) -> None:
+    problem = _offload_p2()
     options = SolveOptions(time_limit=LIMIT, objective="makespan", seed=3)
-    first = solve_milp(problem, build_dag(problem), options)
-    second = solve_milp(problem, build_dag(problem), options)
+    first = solve_milp(problem, build_dag(problem), options, backend=backend)
+    second = solve_milp(problem, build_dag(problem), options, backend=backend)
     assert first.ops == second.ops
 
 
