@@ -126,29 +126,39 @@ def memory(model: MilpModel) -> None:
     from pp_opt.solvers.milp.model import allocation_amount, free_amount
 
     problem = model.problem
+    # Memory in units of the largest activation, so byte-sized numbers do not meet
+    # the solvers' absolute tolerances.
+    unit = max((st.m_b for st in problem.stages), default=1.0) or 1.0
+    allocated = {k: _in_units(allocation_amount(model, k), unit) for k in model.vars.ops}
+    freed = {k: _in_units(free_amount(model, k), unit) for k in model.vars.ops}
     for device in range(problem.p):
         own = [o for o in model.vars.ops.values() if o.device == device]
         allocs = [o for o in own if o.key.kind in ALLOCATING]
         frees = [o for o in own if o.key.kind in FREEING]
-        budget = problem.devices[device].cap - problem.devices[device].static
-        most = sum(_largest(allocation_amount(model, o.key)) for o in allocs)
+        budget = (problem.devices[device].cap - problem.devices[device].static) / unit
+        most = sum(_largest(allocated[o.key]) for o in allocs)
         if most <= budget + 1e-9:
             continue  # the cap can never bind on this device
         for a in allocs:
-            level = _scaled(model, allocation_amount(model, a.key), 1, +1)
+            level = _scaled(model, allocated[a.key], 1, +1)
             for e in allocs:
                 if e is not a:
-                    ind = _started_by(model, e, a)
-                    level += _scaled(model, allocation_amount(model, e.key), ind, +1)
+                    level += _scaled(model, allocated[e.key], _started_by(model, e, a), +1)
             for e in frees:
-                ind = _ended_by(model, e, a)
-                level += _scaled(model, free_amount(model, e.key), ind, -1)
+                level += _scaled(model, freed[e.key], _ended_by(model, e, a), -1)
             relax = most * (1 - a.presence) if a.optional else 0
             if isinstance(level, int | float) and not a.optional:
                 # Fixed by the precedences alone: over the cap means no schedule fits.
                 model.infeasible = model.infeasible or level > budget + 1e-9
             else:
                 model.lp += level <= budget + relax
+
+
+def _in_units(
+    amount: tuple[float, list[tuple[float, Any]]], unit: float
+) -> tuple[float, list[tuple[float, Any]]]:
+    const, terms = amount
+    return const / unit, [(c / unit, var) for c, var in terms]
 
 
 def _largest(amount: tuple[float, list[tuple[float, Any]]]) -> float:
