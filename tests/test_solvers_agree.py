@@ -236,3 +236,19 @@ def test_warm_start_guarantee_on_random_instances(seed: int, backend: str) -> No
     assert result.ops is not None and result.objective is not None
     assert result.objective <= warm.metrics.makespan + 1e-9
     check_schedule(_schedule(problem, result.ops))
+
+
+def test_milp_in_bytes_matches_milp_in_activations() -> None:
+    """Byte-sized memory (and static memory) gives the same optimum as multiples of m_b."""
+    gib = 2.0**30
+    base = _loop_p2()
+    stages = tuple(
+        dataclasses.replace(st, m_b=st.m_b * gib, m_w=st.m_w * gib) for st in base.stages
+    )
+    devices = tuple(Device(cap=(d.cap + 3.0) * gib, static=3.0 * gib) for d in base.devices)
+    in_bytes = base.replace(stages=stages, devices=devices, unit="bytes")
+    options = SolveOptions(time_limit=LIMIT, objective="makespan")
+    result = solve_milp(in_bytes, build_dag(in_bytes), options)
+    assert result.status == "optimal" and result.ops is not None
+    assert result.objective == pytest.approx(_milp(base, "makespan")[0], abs=1e-6)
+    check_schedule(_schedule(in_bytes, result.ops))
