@@ -132,7 +132,8 @@ def _list_order(  # noqa: C901 - one event loop
         best = None
         for device, heap in enumerate(heaps):
             # Among the ops ready by the time the device is free, the best priority.
-            pulled, candidates = [], []
+            pulled: list[tuple] = []
+            candidates: list[tuple] = []
             while heap and (not candidates or heap[0][0] <= free[device]):
                 pulled.append(heapq.heappop(heap))
                 if admissible(pulled[-1][4]):

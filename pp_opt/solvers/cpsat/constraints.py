@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 import networkx as nx
 from ortools.sat.python import cp_model
@@ -18,13 +19,13 @@ def add_choices(model: cp_model.CpModel, v: Variables) -> None:
         r = v.ops.get(OpKey(OpKind.R, s, j))
         if r is not None and r.present is not None:
             options.append(r.present)
-        model.AddExactlyOne(options)
+        model.add_exactly_one(options)
 
 
 def _enforce(ct: cp_model.Constraint, *ops: OpVar) -> None:
     literals = [op.present for op in ops if op.present is not None]
     if literals:
-        ct.OnlyEnforceIf(literals)
+        ct.only_enforce_if(literals)
 
 
 def add_precedences(model: cp_model.CpModel, v: Variables, dag: nx.DiGraph) -> None:
@@ -35,7 +36,7 @@ def add_precedences(model: cp_model.CpModel, v: Variables, dag: nx.DiGraph) -> N
             for b in v.vars_of(w):
                 if a.present is not None and b.present is not None and a.present is not b.present:
                     continue  # copies of two different offload fractions never coexist
-                _enforce(model.Add(a.end + lat <= b.start), a, b)
+                _enforce(model.add(a.end + lat <= b.start), a, b)
 
 
 def add_no_overlap(model: cp_model.CpModel, v: Variables) -> None:
@@ -47,13 +48,10 @@ def add_no_overlap(model: cp_model.CpModel, v: Variables) -> None:
         groups[(owner, op.stream)].append(op.interval)
     for intervals in groups.values():
         if len(intervals) > 1:
-            model.AddNoOverlap(intervals)
+            model.add_no_overlap(intervals)
 
 
-def _lifetimes(
-    allocs: list[tuple[cp_model.LinearExprT, float]],
-    frees: list[tuple[cp_model.LinearExprT, float]],
-) -> list[tuple[cp_model.LinearExprT, cp_model.LinearExprT, float]]:
+def _lifetimes(allocs: list[tuple[Any, float]], frees: list[tuple[Any, float]]) -> list[tuple]:
     """Match frees to allocations first-in first-out: ``(alloc time, free time, amount)``.
 
     Both lists are in the order the DAG forces on them, and each free only draws on
@@ -125,19 +123,21 @@ def add_memory(model: cp_model.CpModel, v: Variables) -> None:
                 demand = v.scaling.mem(amount)
                 if demand <= 0:
                     continue
-                size = model.NewIntVar(0, v.horizon, f"ms_{s}_{j}_{n}")
+                size = model.new_int_var(0, v.horizon, f"ms_{s}_{j}_{n}")
                 name = f"mem_{s}_{j}_{n}"
                 if lit is None:
-                    interval = model.NewIntervalVar(_at(alloc), size, _at(free), name)
+                    interval = model.new_interval_var(_at(alloc), size, _at(free), name)
                 else:
-                    interval = model.NewOptionalIntervalVar(_at(alloc), size, _at(free), lit, name)
+                    interval = model.new_optional_interval_var(
+                        _at(alloc), size, _at(free), lit, name
+                    )
                 v.lifetimes.append((size, alloc, free))
                 per_device[device][0].append(interval)
                 per_device[device][1].append(demand)
     for device, (intervals, demands) in per_device.items():
         dev = v.problem.devices[device]
         capacity = v.scaling.cap(dev.cap - dev.static)
-        model.AddCumulative(intervals, demands, capacity)
+        model.add_cumulative(intervals, demands, capacity)
 
 
 def add_symmetry_breaking(model: cp_model.CpModel, v: Variables) -> None:
@@ -165,4 +165,4 @@ def add_symmetry_breaking(model: cp_model.CpModel, v: Variables) -> None:
             chain = [v.ops.get(OpKey(kind, s, j)) for j in range(p.m)]
             for a, b in zip(chain, chain[1:], strict=False):
                 if a is not None and b is not None:
-                    model.Add(a.end <= b.start)
+                    model.add(a.end <= b.start)

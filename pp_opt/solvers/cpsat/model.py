@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import time
 
 import networkx as nx
@@ -78,19 +77,19 @@ def solve_cpsat(problem: Problem, dag: nx.DiGraph, options: SolveOptions) -> Bac
     params.num_workers = max(1, options.threads)
     params.random_seed = options.seed
     params.interleave_search = options.threads > 1
-    callback = _ProgressCallback(options, scaling.time, started, obj, v)
-    status = solver.Solve(model, callback)
+    callback = _ProgressCallback(options, scaling.time, started, obj)
+    status = solver.solve(model, callback)
     seconds = time.perf_counter() - started
     name = _STATUS.get(status)
     if name is None:
-        raise RuntimeError(f"CP-SAT rejected the model: {solver.StatusName(status)}")
-    log.info("cpsat %s in %.2f s (%s)", name, seconds, solver.ResponseStats().splitlines()[0])
+        raise RuntimeError(f"CP-SAT rejected the model: {solver.status_name(status)}")
+    log.info("cpsat %s in %.2f s (%s)", name, seconds, solver.response_stats().splitlines()[0])
     if name in ("infeasible", "timeout"):
         return BackendResult(status=name, objective=None, bound=None, seconds=seconds, ops=None)
     return BackendResult(
         status=name,
-        objective=solver.Value(obj) / scaling.time,
-        bound=_objective_bound(solver.BestObjectiveBound(), v) / scaling.time,
+        objective=solver.value(obj) / scaling.time,
+        bound=solver.best_objective_bound / scaling.time,
         seconds=seconds,
         ops=_read_ops(solver, v),
     )
@@ -103,11 +102,9 @@ class _ProgressCallback(cp_model.CpSolverSolutionCallback):
         scale: float,
         started: float,
         obj: cp_model.IntVar,
-        v: Variables,
     ) -> None:
         super().__init__()
         self._obj = obj
-        self._bound = lambda b: _objective_bound(b, v)
         self._report = options.progress
         self._scale = scale
         self._started = started
@@ -117,29 +114,18 @@ class _ProgressCallback(cp_model.CpSolverSolutionCallback):
             self._report(
                 Progress(
                     seconds=time.perf_counter() - self._started,
-                    objective=self.Value(self._obj) / self._scale,
-                    bound=self._bound(self.BestObjectiveBound()) / self._scale,
+                    objective=self.value(self._obj) / self._scale,
+                    bound=self.best_objective_bound / self._scale,
                 )
             )
-
-
-def _objective_bound(bound: float, v: Variables) -> float:
-    """A bound on the objective from one on ``weight * objective + sum of p terms``.
-
-    Each of the ``p`` secondary terms is at most the objective, so the weighted sum is
-    at most ``(weight + p) * objective``.
-    """
-    if v.weight == 1:
-        return bound
-    return math.ceil(bound / (v.weight + v.problem.p) - 1e-9)
 
 
 def _read_ops(solver: cp_model.CpSolver, v: Variables) -> tuple[ScheduledOp, ...]:
     ops = []
     for op in v.all_op_vars():
-        if op.present is not None and not solver.BooleanValue(op.present):
+        if op.present is not None and not solver.boolean_value(op.present):
             continue
-        start = solver.Value(op.start)
+        start = solver.value(op.start)
         ops.append(
             ScheduledOp(
                 op.key.kind,
@@ -198,36 +184,36 @@ def _add_hints(
 
     def hint_op(op_var: OpVar, value: float) -> None:
         start[id(op_var)] = int(round(value))
-        model.AddHint(op_var.start, start[id(op_var)])
+        model.add_hint(op_var.start, start[id(op_var)])
 
     for key, op in v.ops.items():
         if key in timed:
             hint_op(op, timed[key].start)
         if op.present is not None:
-            model.AddHint(op.present, key in timed)
+            model.add_hint(op.present, key in timed)
     for (s, j), choices in v.offloads.items():
         moved = timed.get(OpKey(OpKind.OFFLOAD, s, j))
         back = timed.get(OpKey(OpKind.RELOAD, s, j))
         chosen = None
-        if moved is not None and back is not None:
+        if moved is not None and back is not None:  # both present or neither (simulator)
             chosen = min(choices, key=lambda c: abs(c.fraction - moved.fraction))
         for c in choices:
-            model.AddHint(c.literal, c is chosen)
-            if c is chosen:
+            model.add_hint(c.literal, c is chosen)
+            if c is chosen and moved is not None and back is not None:
                 hint_op(c.offload, moved.start)
                 hint_op(c.reload, back.start)
     for (s, j), keep in v.keep.items():
         changed = OpKey(OpKind.OFFLOAD, s, j) in timed or OpKey(OpKind.R, s, j) in timed
-        model.AddHint(keep, not changed)
+        model.add_hint(keep, not changed)
     for size, alloc, free in v.lifetimes:
         if id(alloc[0]) in start and id(free[0]) in start:
             a = start[id(alloc[0])] + (alloc[0].size if alloc[1] else 0)
             b = start[id(free[0])] + (free[0].size if free[1] else 0)
-            model.AddHint(size, max(0, b - a))
+            model.add_hint(size, max(0, b - a))
     for device, (first, last) in v.span_vars.items():
         own = warm.device_ops(device)
-        model.AddHint(
+        model.add_hint(
             first, 0 if objective == "makespan" else int(round(min(op.start for op in own)))
         )
-        model.AddHint(last, int(round(max(op.end for op in own))))
-    model.AddHint(obj, _objective_of(warm, objective))
+        model.add_hint(last, int(round(max(op.end for op in own))))
+    model.add_hint(obj, _objective_of(warm, objective))

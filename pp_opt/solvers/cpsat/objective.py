@@ -26,7 +26,7 @@ def add_objective(
     never hurts, so the makespan is the latest end.
     """
     top = v.horizon if upper is None else min(upper, v.horizon)
-    obj = model.NewIntVar(0, top, objective)
+    obj = model.new_int_var(0, top, objective)
     last_kinds = (OpKind.W, OpKind.BW)
     firsts: dict[int, list] = defaultdict(list)
     lasts: dict[int, list] = defaultdict(list)
@@ -36,20 +36,20 @@ def add_objective(
         elif op.key.kind in last_kinds:
             lasts[op.device].append(op)
     for device in sorted(lasts):
-        first = model.NewIntVar(0, v.horizon, f"first_{device}")
-        last = model.NewIntVar(0, v.horizon, f"last_{device}")
+        first = model.new_int_var(0, v.horizon, f"first_{device}")
+        last = model.new_int_var(0, v.horizon, f"last_{device}")
         for op in lasts[device]:
-            model.Add(last >= op.end)
+            model.add(last >= op.end)
         if objective == "makespan":
-            model.Add(obj >= last)
-            model.Add(first == 0)
+            model.add(obj >= last)
+            model.add(first == 0)
         else:
             for op in firsts[device]:
-                model.Add(first <= op.start)
-            model.Add(obj >= last - first)
+                model.add(first <= op.start)
+            model.add(obj >= last - first)
         v.span_vars[device] = (first, last)
     # The independent bound, on the model's own rounded costs, is valid for the model and
     # lets CP-SAT prove optimality where its own relaxation is weak (spans, mostly).
-    model.Add(obj >= math.ceil(lower_bound(v.scaled, objective) - 1e-6))
-    model.Minimize(obj)
+    model.add(obj >= math.ceil(lower_bound(v.scaled, objective) - 1e-6))
+    model.minimize(obj)
     return obj

@@ -58,8 +58,6 @@ class Variables:
     """Literal "activation kept", for activations that have another choice."""
     lifetimes: list[tuple] = field(default_factory=list)
     """``(size, alloc, free)`` of each memory interval; ``alloc``/``free`` are ``(op, at_end)``."""
-    weight: int = 1
-    """Weight of the objective in the minimised expression (a secondary term may follow)."""
     span_vars: dict[int, tuple[cp_model.IntVar, cp_model.IntVar]] = field(default_factory=dict)
     """Per device, first start and last end (``span`` objective only)."""
 
@@ -119,11 +117,11 @@ def _op_var(
     name = f"{key.kind.value}_{key.stage}_{key.microbatch}"
     if literal is not None and key.kind in (OpKind.OFFLOAD, OpKind.RELOAD):
         name += f"_{fraction:g}"
-    start = model.NewIntVar(0, max(0, v.horizon - size), f"s_{name}")
+    start = model.new_int_var(0, max(0, v.horizon - size), f"s_{name}")
     if literal is None:
-        interval = model.NewFixedSizeIntervalVar(start, size, f"i_{name}")
+        interval = model.new_fixed_size_interval_var(start, size, f"i_{name}")
     else:
-        interval = model.NewOptionalFixedSizeIntervalVar(start, size, literal, f"i_{name}")
+        interval = model.new_optional_fixed_size_interval_var(start, size, literal, f"i_{name}")
     return OpVar(
         key=key,
         device=data["device"],
@@ -155,7 +153,7 @@ def create_variables(
         if key.kind in (OpKind.OFFLOAD, OpKind.RELOAD):
             continue
         literal = (
-            model.NewBoolVar(f"r_{key.stage}_{key.microbatch}") if key.kind is OpKind.R else None
+            model.new_bool_var(f"r_{key.stage}_{key.microbatch}") if key.kind is OpKind.R else None
         )
         v.ops[key] = _op_var(model, v, key, data, literal=literal)
     if with_offload:
@@ -163,7 +161,7 @@ def create_variables(
             for j in range(problem.m):
                 choices = []
                 for a in fractions:
-                    lit = model.NewBoolVar(f"o_{s}_{j}_{a:g}")
+                    lit = model.new_bool_var(f"o_{s}_{j}_{a:g}")
                     off_key = OpKey(OpKind.OFFLOAD, s, j)
                     rel_key = OpKey(OpKind.RELOAD, s, j)
                     off = _op_var(model, v, off_key, dag.nodes[off_key], literal=lit, fraction=a)
@@ -173,5 +171,5 @@ def create_variables(
     if with_offload or with_recompute:
         for s in range(problem.num_stages):
             for j in range(problem.m):
-                v.keep[(s, j)] = model.NewBoolVar(f"k_{s}_{j}")
+                v.keep[(s, j)] = model.new_bool_var(f"k_{s}_{j}")
     return v
