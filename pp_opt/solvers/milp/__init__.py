@@ -37,11 +37,34 @@ def solve_milp(
     backend: str = "cbc",
     symmetry: bool = True,
 ) -> BackendResult:
-    """Solve the schedule of ``dag`` as a MILP with CBC (``backend="cbc"``) or HiGHS (``"highs"``).
+    """Solve the schedule of ``dag`` as a MILP: the cross-check of the CP-SAT model.
 
-    The result is never worse than ``options.warm_start``: when the MILP's incumbent
-    is worse or missing, the warm start's ops come back (status ``feasible``).
-    ``symmetry=False`` drops the microbatch-order symmetry breaking (for checking it).
+    Parameters
+    ----------
+    problem
+        Costs, caps and switches; ``dag`` must be ``build_dag(problem)`` (or a
+        variant of it, e.g. with a fused backward): it is the only dependency source.
+    dag
+        The ops to schedule and their edges with latencies.
+    options
+        Time limit (covers building the model too), seed, objective, warm start,
+        progress callback and offload fractions. ``threads`` applies to HiGHS;
+        CBC runs on one thread so that the same seed gives the same schedule.
+    backend
+        ``"cbc"`` (PuLP's bundled CBC) or ``"highs"`` (highspy). HiGHS proves
+        optimality much sooner on most instances we measured.
+    symmetry
+        False drops the microbatch-order symmetry breaking (to check that it
+        loses no optimum).
+
+    Returns
+    -------
+    BackendResult
+        Status ``optimal``, ``feasible``, ``infeasible`` or ``timeout``, the
+        objective of the returned ops, the solver's best bound (None when the
+        solver gave none) and the seconds used. Never worse than
+        ``options.warm_start``: when the MILP's incumbent is worse or missing,
+        the warm start's ops come back with status ``feasible``.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown MILP backend {backend!r}; use one of {', '.join(BACKENDS)}")
