@@ -4,7 +4,7 @@ Same decisions and objective as the CP-SAT model: a start time per op, its order
 each stream, and per activation keep / offload (one of the allowed fractions) /
 recompute, under each device's memory cap. The parts: ``variables``,
 ``constraints``, ``objective``, ``model`` (builds them in a fixed order), ``warm``
-(initial values) and ``backends`` (runs CBC or HiGHS).
+(initial values), ``backends`` (runs CBC or HiGHS) and ``solution`` (reads it back).
 """
 
 from __future__ import annotations
