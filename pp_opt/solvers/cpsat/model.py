@@ -89,7 +89,8 @@ def solve_cpsat(problem: Problem, dag: nx.DiGraph, options: SolveOptions) -> Bac
     return BackendResult(
         status=name,
         objective=solver.value(obj) / scaling.time,
-        bound=solver.best_objective_bound / scaling.time,
+        # Rounded costs or memory make the model's bound a bound of another problem.
+        bound=solver.best_objective_bound / scaling.time if scaling.exact else None,
         seconds=seconds,
         ops=_read_ops(solver, v),
     )

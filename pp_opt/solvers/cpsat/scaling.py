@@ -26,6 +26,12 @@ class Scaling:
     time: float
     memory: float
     memory_exact: bool
+    time_exact: bool = True
+
+    @property
+    def exact(self) -> bool:
+        """Whether the model's numbers are the problem's (so its bound is the problem's)."""
+        return self.memory_exact and self.time_exact
 
     def t(self, value: float) -> int:
         return int(round(value * self.time))
@@ -57,10 +63,11 @@ def choose_scaling(problem: Problem, fractions: Iterable[float] = (1.0,)) -> Sca
     fractions = list(fractions)
     times = [problem.t_comm]
     for st in problem.stages:
-        times += [st.t_f, st.t_b, st.t_w, st.fused_backward]
+        times += [st.t_f, st.t_b, st.t_w, st.fused_backward, st.t_offload, st.t_reload]
         times += [a * st.t_offload for a in fractions] + [a * st.t_reload for a in fractions]
     positive = [t for t in times if t > 0] or [1.0]
     time_scale = _exact_decimal_scale(times, max(positive) * 10 * problem.m)
+    time_exact = time_scale is not None
     if time_scale is None:
         time_scale = _TIME_RESOLUTION / min(positive)
     mems = [d.cap - d.static for d in problem.devices]
@@ -72,4 +79,4 @@ def choose_scaling(problem: Problem, fractions: Iterable[float] = (1.0,)) -> Sca
     exact = mem_scale is not None
     if mem_scale is None:
         mem_scale = _MEMORY_RESOLUTION / largest
-    return Scaling(time=time_scale, memory=mem_scale, memory_exact=exact)
+    return Scaling(time=time_scale, memory=mem_scale, memory_exact=exact, time_exact=time_exact)
