@@ -153,3 +153,30 @@ def test_offload_not_used_when_it_cannot_help():
     assert result.status == "optimal"
     no_offload = solve(problem.replace(offload=False), time_limit=10)
     assert result.objective == pytest.approx(no_offload.objective)
+
+
+def test_costs_without_a_decimal_scale():
+    # Times that no power of ten makes integer: the model rounds, the API re-times exactly.
+    problem = uniform_problem(p=2, m=4, t_f=1 / 3, t_b=2**0.5 / 2, t_w=1 / 7, t_comm=0.01, cap=2.0)
+    result = solve(problem, time_limit=3)
+    check(result, problem)
+
+
+def test_cli_infeasible_cap_exits_2(tmp_path, capsys):
+    from pp_opt.cli import main
+
+    spec = tmp_path / "p.toml"
+    spec.write_text(
+        'p = 2\nm = 2\nplacement = "loop"\n[stage]\nt_f = 1.0\nt_b = 1.0\nt_w = 1.0\n'
+        "m_b = 1.0\n[device]\ncap = 4.0\n"
+    )
+    with pytest.raises(SystemExit) as info:
+        main(["solve", str(spec), "--cap", "0.5", "--quiet"])
+    assert info.value.code == 2
+    assert "raise --cap to 1" in capsys.readouterr().err
+    out = tmp_path / "s.json"
+    try:
+        main(["solve", str(spec), "--time-limit", "2", "--quiet", "-o", str(out)])
+    except SystemExit as done:
+        assert done.code in (0, None)
+    assert out.is_file()
