@@ -18,7 +18,12 @@ app = typer.Typer(
 )
 
 # Modules that define ``register(app)``; each adds its commands.
-_COMMAND_MODULES = ("pp_opt.cli.core", "pp_opt.cli.export", "pp_opt.cli.profile", "pp_opt.cli.solve")
+_COMMAND_MODULES = (
+    "pp_opt.cli.core",
+    "pp_opt.cli.solve",
+    "pp_opt.cli.profile",
+    "pp_opt.cli.export",
+)
 
 for _name in _COMMAND_MODULES:
     importlib.import_module(_name).register(app)
