@@ -10,6 +10,7 @@ minimum of :func:`~.min_cap.device_min_memory`.
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Sequence
 
 from pp_opt.dag import build_dag
@@ -20,10 +21,10 @@ from pp_opt.simulator import simulate
 from pp_opt.solvers.min_cap import kept_memory
 
 _PRIORITY = {OpKind.B: 0, OpKind.BW: 0, OpKind.R: 0, OpKind.W: 1, OpKind.F: 2}
+_BFW = {OpKind.B: 0, OpKind.BW: 0, OpKind.F: 1, OpKind.W: 2}
 GREEDY_PRIORITIES = {
-    "greedy-bfw": ({OpKind.B: 0, OpKind.BW: 0, OpKind.F: 1, OpKind.W: 2}, False),
-    "greedy-bwf": ({OpKind.B: 0, OpKind.BW: 0, OpKind.W: 1, OpKind.F: 2}, False),
-    "greedy-lazy-w": ({OpKind.B: 0, OpKind.BW: 0, OpKind.F: 1, OpKind.W: 2}, True),
+    "greedy-bfw": (_BFW, False),
+    "greedy-lazy-w": (_BFW, True),
 }
 """Zero-Bubble-style greedy rules: a ready backward first, then a forward while memory
 allows (or a pending ``W``), the rest filling what would be idle time."""
@@ -60,11 +61,14 @@ def greedy_schedules(problem: Problem) -> list[tuple[str, Schedule]]:
     out = []
     dag = build_dag(problem, offload=False, recompute=False)
     for name, (priority, lazy_w) in GREEDY_PRIORITIES.items():
-        order = _list_order(
-            problem, dag, problem.m, priority=priority, memory_aware=True, lazy_w=lazy_w
-        )
-        if order is not None:
-            out.append((name, simulate(problem, order, dag=dag, solver=_info(name))))
+        # Reserving room for later chunks only matters (and only runs) when a rule is stuck.
+        for reserve in (False, True) if problem.v > 1 else (False,):
+            order = _list_order(problem, dag, problem.m, priority=priority, memory_aware=True,
+                                lazy_w=lazy_w, reserve=reserve)  # fmt: skip
+            if order is not None:
+                label = name + ("-reserve" if reserve else "")
+                out.append((label, simulate(problem, order, dag=dag, solver=_info(label))))
+                break
     return out
 
 
@@ -80,12 +84,17 @@ def _list_order(  # noqa: C901 - one event loop
     priority: dict[OpKind, int] | None = None,
     memory_aware: bool = False,
     lazy_w: bool = False,
+    reserve: bool = False,
 ) -> dict | None:
     """Greedy list schedule: earliest start first, then by ``priority`` (backward, ``W``,
     forward by default); at most ``k`` microbatches in flight, and with ``memory_aware``
     a forward only when the device's activations stay under its cap; with ``lazy_w`` a
     ``W`` only once memory blocks the device's next forward or its forwards are done (the
-    deferred ``W`` fill the drain, which keeps per-device spans short). None if stuck."""
+    deferred ``W`` fill the drain, which keeps per-device spans short); with ``reserve``
+    a forward leaves room for the same microbatch's later chunks on the device (so
+    chunk-0 forwards cannot fill a ``v`` device and starve its chunk 1). None if stuck."""
+    above = {s: sum(problem.stages[t].m_b for t in problem.stages_on(problem.device_of(s)) if t > s)
+             for s in range(problem.num_stages)}  # fmt: skip
     forwards_left = [0] * problem.p
     for key in dag:
         if key.kind is OpKind.F:
@@ -93,21 +102,23 @@ def _list_order(  # noqa: C901 - one event loop
     priority = priority or _PRIORITY
     memory = [0.0] * problem.p
     room = [d.cap - d.static + 1e-9 for d in problem.devices]
-    last_ops = {j: sum(1 for key in dag if key.microbatch == j and key.kind is not OpKind.F)
-                for j in range(problem.m)}  # fmt: skip
+    last_ops = Counter(key.microbatch for key in dag if key.kind is not OpKind.F)
     waiting = {key: dag.in_degree(key) for key in dag}
     ready_at: dict[OpKey, float] = {}
     end: dict[OpKey, float] = {}
     free = [0.0] * problem.p
+    # Per device: ops not yet ready when the device frees up (by ready time), and ops
+    # ready by then, per priority class (by microbatch, stage).
     heaps: list[list] = [[] for _ in range(problem.p)]
+    pools: list[dict[int, list]] = [{c: [] for c in set(priority.values())} for _ in heaps]
     started: set[int] = set()
     in_flight = 0
     order: dict[tuple[int, Stream], list[OpKey]] = {}
 
     def push(key: OpKey) -> None:
         device = problem.device_of(key.stage)
-        heapq.heappush(heaps[device], (ready_at.get(key, 0.0), priority[key.kind],
-                                       key.microbatch, key.stage, key))  # fmt: skip
+        item = (ready_at.get(key, 0.0), priority[key.kind], key.microbatch, key.stage, key)
+        heapq.heappush(heaps[device], item)
 
     for key in dag:
         if waiting[key] == 0:
@@ -117,7 +128,8 @@ def _list_order(  # noqa: C901 - one event loop
 
     def fits(key: OpKey) -> bool:
         device = problem.device_of(key.stage)
-        return memory[device] + dag.nodes[key]["mem_start"] <= room[device]
+        extra = above[key.stage] if reserve else 0.0
+        return memory[device] + dag.nodes[key]["mem_start"] + extra <= room[device]
 
     def admissible(key: OpKey) -> bool:
         device = problem.device_of(key.stage)
@@ -128,29 +140,52 @@ def _list_order(  # noqa: C901 - one event loop
         first = key.stage == 0 and key.kind is OpKind.F and key.microbatch not in started
         return not first or in_flight < k
 
-    while any(heaps):
-        best = None
-        for device, heap in enumerate(heaps):
-            # Among the ops ready by the time the device is free, the best priority.
-            pulled: list[tuple] = []
-            candidates: list[tuple] = []
-            while heap and (not candidates or heap[0][0] <= free[device]):
-                pulled.append(heapq.heappop(heap))
-                if admissible(pulled[-1][4]):
-                    candidates.append(pulled[-1])
-            if candidates:
-                item = min(candidates, key=lambda it: (max(it[0], free[device]), it[1:4]))
-                rank = (max(item[0], free[device]), item[1])
-                if best is None or rank < best[0]:
-                    best = (rank, device, item)
-            for it in pulled:
-                heapq.heappush(heap, it)
-        if best is None:
+    def first_admissible(heap: list) -> tuple | None:
+        popped, found = [], None
+        while heap:
+            popped.append(heapq.heappop(heap))
+            if admissible(popped[-1][-1]):
+                found = popped[-1]
+                break
+        for it in popped:
+            heapq.heappush(heap, it)
+        return found
+
+    def best_of(device: int) -> tuple | None:
+        """The device's next op: the best ready class by the time it is free, else the
+        earliest to become ready (ties by microbatch, then stage)."""
+        heap, pool = heaps[device], pools[device]
+        while heap and heap[0][0] <= free[device]:
+            ready, cls, mb, stage, key = heapq.heappop(heap)
+            heapq.heappush(pool[cls], (mb, stage, ready, key))
+        for cls in sorted(pool):
+            item = first_admissible(pool[cls])
+            if item is not None:
+                return (free[device], cls), device, (pool[cls], item)
+        item = first_admissible(heap)
+        if item is None:
+            return None
+        return (item[0], item[1]), device, (heap, item)
+
+    # A device's best op only changes when something happens on it: cache the rest.
+    cache: dict[int, tuple | None] = {}
+    dirty = set(range(problem.p))
+    first_device = problem.device_of(0)
+    remaining = dag.number_of_nodes()
+    while remaining:
+        remaining -= 1
+        for device in dirty:
+            cache[device] = best_of(device)
+        dirty.clear()
+        options = [c for c in cache.values() if c is not None]
+        if not options:
             return None  # stuck: only with memory_aware (k >= 1 alone always progresses)
-        (start, _), device, chosen = best
-        heaps[device].remove(chosen)
-        heapq.heapify(heaps[device])
-        key = chosen[4]
+        best = min(options, key=lambda c: (c[0], c[1]))
+        (start, _), device, (where, chosen) = best
+        where.remove(chosen)
+        heapq.heapify(where)
+        key = chosen[-1]
+        dirty.update((device, first_device))
         if key.kind is OpKind.F:
             forwards_left[device] -= 1
         if key.stage == 0 and key.kind is OpKind.F:
@@ -169,6 +204,7 @@ def _list_order(  # noqa: C901 - one event loop
             waiting[w] -= 1
             if waiting[w] == 0:
                 push(w)
+                dirty.add(problem.device_of(w.stage))
     return order
 
 
