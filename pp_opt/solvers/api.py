@@ -23,7 +23,7 @@ from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo
 from pp_opt.simulator import retime
 from pp_opt.solvers.base import BackendResult, ProgressCallback, SolveOptions
 from pp_opt.solvers.min_cap import check_caps
-from pp_opt.solvers.warm_start import best_warm_start, same_placement
+from pp_opt.solvers.warm_start import same_placement, warm_start_candidates
 
 log = logging.getLogger(__name__)
 
@@ -184,20 +184,22 @@ def _warm_start(
     if warm_start is False:
         return None
     if warm_start is True:
-        found = best_warm_start(problem, problem.objective, fractions)
-        if found is None:
-            return None
-        name, schedule = found
-    else:
-        name, schedule = "given", warm_start
-        if not same_placement(schedule.problem, problem):
-            raise ProblemError(
-                "warm_start", "its stages sit on other devices than the problem's; "
-                "give a schedule of the same placement and microbatches",
-            )  # fmt: skip
+        for name, schedule, validated in warm_start_candidates(problem, problem.objective,
+                                                               fractions):  # fmt: skip
+            if validated and schedule.problem == problem:
+                return name, schedule
+            try:
+                return name, _validated(retime(_on(problem, schedule)))
+            except ValidationError as err:
+                log.warning("warm start %s rejected: %s", name, err)
+        return None
+    if not same_placement(warm_start.problem, problem):
+        raise ProblemError(
+            "warm_start", "its stages sit on other devices than the problem's; "
+            "give a schedule of the same placement and microbatches",
+        )  # fmt: skip
     # Re-time on this problem (objective and caps as solved) and check it fits.
-    schedule = _validated(retime(_on(problem, schedule)))
-    return name, schedule
+    return "given", _validated(retime(_on(problem, warm_start)))
 
 
 def _on(problem: Problem, schedule: Schedule) -> Schedule:

@@ -17,49 +17,51 @@ def same_placement(a: Problem, b: Problem) -> bool:
     return [s.device for s in a.stages] == [s.device for s in b.stages] and a.m == b.m
 
 
-def best_baseline(problem: Problem, objective: str | None = None) -> tuple[str, Schedule] | None:
-    """The classic schedule with the best ``objective`` among those that fit ``problem``.
+def baseline_candidates(problem: Problem) -> list[tuple[str, Schedule]]:
+    """Every classic schedule that fits ``problem`` with its placement (each validated).
 
     Baselines over the cap, or needing another placement (ZB-V on a ``loop``
-    problem, for example), are skipped. None when no baseline fits.
+    problem, for example), are skipped.
     """
-    from pp_opt.baselines import baseline_names, make_baseline
+    from pp_opt.baselines import baseline_names, baseline_order, make_baseline
 
-    objective = objective or problem.objective
-    best: tuple[str, Schedule] | None = None
+    out = []
     for name in baseline_names():
         try:
-            schedule = make_baseline(name, problem)
+            scheduled, _ = baseline_order(name, problem)
+            if not same_placement(scheduled, problem):
+                continue
+            out.append((name, make_baseline(name, problem)))
         except PPOptError as err:
             log.debug("baseline %s skipped: %s", name, err)
-            continue
-        if not same_placement(schedule.problem, problem):
-            continue
-        if best is None or schedule.objective_value(objective) < best[1].objective_value(objective):
-            best = (name, schedule)
-    return best
+    return out
 
 
-def best_warm_start(
+def best_baseline(problem: Problem, objective: str | None = None) -> tuple[str, Schedule] | None:
+    """The classic schedule with the best ``objective`` among those that fit ``problem``."""
+    objective = objective or problem.objective
+    found = baseline_candidates(problem)
+    return min(found, key=lambda c: c[1].objective_value(objective)) if found else None
+
+
+def warm_start_candidates(
     problem: Problem, objective: str | None = None, fractions: Sequence[float] = (1.0,)
-) -> tuple[str, Schedule] | None:
-    """The better of the best baseline and :func:`~.fallback.fallback_schedule` (which
-    fits whenever the caps admit any schedule)."""
+) -> list[tuple[str, Schedule, bool]]:
+    """Warm starts, best ``objective`` first: ``(name, schedule, validated)``.
+
+    The classic schedules (validated), :func:`~.fallback.fallback_schedule` (which fits
+    whenever the caps admit any schedule) and the greedy list schedules (not validated
+    yet: the caller validates the one it takes).
+    """
     from pp_opt.solvers.fallback import fallback_schedule, greedy_schedules
-    from pp_opt.validator import validate
 
     objective = objective or problem.objective
-    found = best_baseline(problem, objective)
-    candidates: list[tuple[str, Schedule | None]] = []
+    found = [(name, schedule, True) for name, schedule in baseline_candidates(problem)]
     try:
-        candidates.append(("fallback", fallback_schedule(problem, fractions)))
-        candidates += greedy_schedules(problem)
+        extra = fallback_schedule(problem, fractions)
+        if extra is not None:
+            found.append(("fallback", extra, False))
+        found += [(name, schedule, False) for name, schedule in greedy_schedules(problem)]
     except PPOptError as err:
         log.info("heuristic warm start failed: %s", err)
-    for name, schedule in candidates:
-        if schedule is None or validate(schedule):
-            continue
-        value = schedule.objective_value(objective)
-        if found is None or value < found[1].objective_value(objective):
-            found = (name, schedule)
-    return found
+    return sorted(found, key=lambda c: c[1].objective_value(objective))
