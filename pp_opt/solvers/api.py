@@ -191,7 +191,7 @@ def _warm_start(
             try:
                 return name, _validated(retime(_on(problem, schedule)))
             except ValidationError as err:
-                log.warning("warm start %s rejected: %s", name, err)
+                log.info("warm start %s rejected: %s", name, err)
         return None
     if not same_placement(warm_start.problem, problem):
         raise ProblemError(
