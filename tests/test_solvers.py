@@ -180,3 +180,23 @@ def test_cli_infeasible_cap_exits_2(tmp_path, capsys):
     except SystemExit as done:
         assert done.code in (0, None)
     assert out.is_file()
+
+
+def test_offload_halves_memory_at_classic_speed():
+    # Copies take a sixth of a microbatch's compute: ZB-H1's timing at half its memory.
+    from pp_opt.baselines import make_baseline
+
+    def problem_at(cap: float, offload: bool) -> Problem:
+        stages = tuple(
+            Stage(device=d, t_f=1.0, t_b=1.0, t_w=1.0, m_b=1.0, t_offload=0.5, t_reload=0.5)
+            for d in range(4)
+        )
+        devices = tuple(Device(cap=cap) for _ in range(4))
+        return Problem(p=4, m=8, stages=stages, devices=devices, t_comm=0.05, offload=offload)
+
+    reference = make_baseline("zb-h1", problem_at(4.0, False)).metrics.makespan
+    problem = problem_at(2.0, True)
+    result = solve(problem, time_limit=3)
+    assert any(op.kind is OpKind.OFFLOAD for op in result.schedule.ops)
+    assert result.objective <= reference + 1e-9
+    check(result, problem)
