@@ -45,7 +45,9 @@ class SolveResult:
 
     schedule: Schedule
     status: str
-    """``optimal``, ``feasible`` or ``timeout`` (``infeasible`` raises instead)."""
+    """``optimal`` (proved) or ``feasible``; infeasible caps raise :class:`InfeasibleError`,
+    and a backend that found nothing in time (``timeout``) hands over the warm start as
+    ``feasible`` (its own status is kept in ``schedule.solver.extra["backend_status"]``)."""
     objective: float
     """The simulator's objective of :attr:`schedule` (re-timing its order gives it again)."""
     lower_bound: float
