@@ -153,8 +153,9 @@ class ActivationOffloader:
             self._log("reload", key, chosen)
 
     def _offload_cuda(self, chosen: list[SavedActivation]) -> torch.cuda.Event:
-        assert self._d2h is not None  # noqa: S101 (set together with _cuda)
         stream = self._d2h
+        if stream is None:
+            raise RuntimeError("offload on CUDA without a copy stream; build it with a CUDA device")
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for h in chosen:
@@ -167,8 +168,13 @@ class ActivationOffloader:
         return done
 
     def _reload_cuda(self, chosen: list[SavedActivation], copied: torch.cuda.Event | None) -> None:
-        assert self._h2d is not None  # noqa: S101 (set together with _cuda)
         stream = self._h2d
+        if stream is None:
+            raise RuntimeError("reload on CUDA without a copy stream; build it with a CUDA device")
+        # Start only after the compute issued before this reload (and its frees) is done:
+        # the schedule's cross-stream wait (pp_opt.simulator.waits_of), so memory stays
+        # within what the solver planned.
+        stream.wait_stream(torch.cuda.current_stream(self.device))
         if copied is not None:
             stream.wait_event(copied)
         with torch.cuda.stream(stream):

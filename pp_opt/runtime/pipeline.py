@@ -226,7 +226,8 @@ def _install_offload(
     def offload(action: _Action, ctx: _PipelineContext) -> None:
         stage = by_index[action.stage_index]
         mb = action.microbatch_index
-        assert mb is not None  # noqa: S101 (our own actions always carry one)
+        if mb is None:
+            raise RuntimeError(f"offload action {action} carries no microbatch")
         outputs, inputs = stage.fwd_cache[mb]
         params = storage_pointers(stage.submod.parameters())
         keep = params | storage_pointers(outputs) | storage_pointers(inputs)
@@ -234,7 +235,8 @@ def _install_offload(
                           keep=keep)  # fmt: skip
 
     def reload(action: _Action, ctx: _PipelineContext) -> None:
-        assert action.microbatch_index is not None  # noqa: S101
+        if action.microbatch_index is None:
+            raise RuntimeError(f"reload action {action} carries no microbatch")
         offloader.reload(action.stage_index, action.microbatch_index)
 
     pipe._add_copy_action(OffloadActionType.OFFLOAD, offload)
