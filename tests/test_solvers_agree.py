@@ -252,3 +252,12 @@ def test_milp_in_bytes_matches_milp_in_activations() -> None:
     assert result.status == "optimal" and result.ops is not None
     assert result.objective == pytest.approx(_milp(base, "makespan")[0], abs=1e-6)
     check_schedule(_schedule(in_bytes, result.ops))
+
+
+def test_milp_highs_is_a_solver_name() -> None:
+    """``solve(solver="milp-highs")`` runs the MILP through HiGHS and agrees with CP-SAT."""
+    problem = uniform_problem(p=2, m=3, t_comm=0.1, m_w=0.5, cap=2.0)
+    highs = solve(problem, solver="milp-highs", time_limit=10, warm_start=False)
+    cpsat = solve(problem, solver="cpsat", time_limit=10, warm_start=False)
+    assert highs.status == cpsat.status == "optimal"
+    assert highs.objective == pytest.approx(cpsat.objective)

@@ -18,7 +18,7 @@ from pp_opt.errors import PPOptError, ProblemError
 from pp_opt.problem import Device, Problem
 from pp_opt.solvers.base import Progress
 
-SolverOption = typer.Option("cpsat", "--solver", help="cpsat or milp.")
+SolverOption = typer.Option("cpsat", "--solver", help="cpsat, milp (CBC) or milp-highs.")
 TimeLimitOption = typer.Option(60.0, "--time-limit", help="Seconds the solver may use.")
 ThreadsOption = typer.Option(2, "--threads", help="Solver threads.")
 SeedOption = typer.Option(0, "--seed", help="Random seed (same seed, same schedule).")

@@ -27,7 +27,8 @@ from pp_opt.solvers.warm_start import same_placement, warm_start_candidates
 
 log = logging.getLogger(__name__)
 
-SOLVERS = ("cpsat", "milp")
+SOLVERS = ("cpsat", "milp", "milp-highs")
+"""``milp`` runs PuLP with CBC; ``milp-highs`` the same model with HiGHS."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -75,7 +76,7 @@ def solve(
     problem
         What to schedule; its caps, placement and offload/recompute switches apply.
     solver
-        ``cpsat`` (OR-Tools CP-SAT) or ``milp`` (PuLP).
+        ``cpsat`` (OR-Tools CP-SAT), ``milp`` (PuLP with CBC) or ``milp-highs`` (HiGHS).
     time_limit, threads, seed
         Wall-clock seconds, worker threads, random seed. The same seed and threads
         give the same schedule when the search ends before the time limit.
@@ -217,10 +218,12 @@ def _validated(schedule: Schedule) -> Schedule:
 
 
 def _backend(solver: str):  # noqa: ANN202 - a backend function
-    if solver == "milp":
+    if solver in ("milp", "milp-highs"):
+        from functools import partial
+
         from pp_opt.solvers.milp import solve_milp
 
-        return solve_milp
+        return partial(solve_milp, backend="highs" if solver == "milp-highs" else "cbc")
     from pp_opt.solvers.cpsat import solve_cpsat
 
     return solve_cpsat
