@@ -160,9 +160,6 @@ class Problem:
                 if d in seen:
                     raise ProblemError("host_links", f"device {d} is in two host-link groups")
                 seen.add(d)
-        if self.offload and not any(st.t_offload > 0 or st.t_reload > 0 for st in self.stages):
-            # Free transfers are allowed but almost always a forgotten field.
-            pass
 
     @property
     def num_stages(self) -> int:
