@@ -51,11 +51,13 @@ def warm_start_candidates(
 
     The classic schedules (validated), :func:`~.fallback.fallback_schedule` (which fits
     whenever the caps admit any schedule) and the greedy list schedules (not validated
-    yet: the caller validates the one it takes), and with offload allowed, those made
+    yet: the caller validates the one it takes), the Zero Bubble paper's cost-aware
+    greedy schedules (:mod:`.zb_heuristic`), and with offload allowed, those made
     without the cap given copies in their gaps (:mod:`.offload_warm`).
     """
     from pp_opt.solvers.fallback import fallback_schedule, greedy_schedules
     from pp_opt.solvers.offload_warm import offload_candidates
+    from pp_opt.solvers.zb_heuristic import zb_candidates
 
     objective = objective or problem.objective
     found = [(name, schedule, True) for name, schedule in baseline_candidates(problem)]
@@ -64,6 +66,7 @@ def warm_start_candidates(
         if extra is not None:
             found.append(("fallback", extra, False))
         found += [(name, schedule, False) for name, schedule in greedy_schedules(problem)]
+        found += [(name, schedule, False) for name, schedule in zb_candidates(problem)]
         found += [
             (name, schedule, False) for name, schedule in offload_candidates(problem, fractions)
         ]
