@@ -1,0 +1,183 @@
+"""The ZB-V greedy of the Zero Bubble paper's ``v_schedule.py`` (``v`` placement, two chunks).
+
+It starts chunk-0 forwards down and chunk-1 forwards back up, then runs rounds of
+backwards (the chunk whose gradient has arrived first) and forwards, with ``W``
+filling the waits; a second pass lets devices with little bubble wait to spare the
+others. Used as a warm start by :func:`.zb_heuristic.zb_candidates`.
+"""
+
+from __future__ import annotations
+
+from pp_opt.ops import Stream
+from pp_opt.problem import Problem
+from pp_opt.solvers.zb_state import EPS, DeviceState, Order, OrderBuilder, Stuck
+
+
+def v_order(
+    problem: Problem,
+    limit: list[float],
+    fill_f: bool = True,
+    fill_b: bool = True,
+    approved: list[float] | None = None,
+) -> tuple[Order, float]:
+    """The ZB-V greedy order (``v`` placement, two chunks) and its longest device span.
+
+    Passes repeat while letting the less-bubbled devices wait lowers the worst bubble.
+
+    Lanes follow the paper's code: for ``F``, lane 0 is chunk 0 (stage ``d``, going
+    down) and lane 1 is chunk 1 (stage ``2p - 1 - d``, coming back up); for ``B`` and
+    ``W`` lane 0 is chunk 1 and lane 1 is chunk 0, so lane 0 always flows from
+    device ``d - 1`` and lane 1 from ``d + 1``.
+    """
+    order, _, span = _v_search(problem, limit, fill_f, fill_b, approved, depth=8)
+    return order, span
+
+
+def _v_search(
+    problem: Problem,
+    limit: list[float],
+    fill_f: bool,
+    fill_b: bool,
+    approved: list[float] | None,
+    depth: int,
+) -> tuple[Order, list[float], float]:
+    """A pass, then (while it lowers the worst bubble) passes that let the devices with
+    less bubble than the worst wait, up to ``depth`` times."""
+    order, bubble, span = _v_pass(problem, limit, fill_f, fill_b, approved)
+    if depth > 0 and (approved is None or max(bubble) < max(approved)):
+        try:
+            again = _v_search(problem, limit, fill_f, fill_b, bubble, depth - 1)
+        except (Stuck, KeyError):
+            return order, bubble, span
+        if max(again[1]) < max(bubble):
+            return again
+    return order, bubble, span
+
+
+def _v_pass(  # noqa: C901 - one greedy pass, kept close to the paper's
+    problem: Problem,
+    limit: list[float],
+    fill_f: bool,
+    fill_b: bool,
+    approved: list[float] | None,
+) -> tuple[Order, list[float], float]:
+    p, m = problem.p, problem.m
+    bld = OrderBuilder(problem, limit)
+    devs = [DeviceState(d, (d, 2 * p - 1 - d), limit[d]) for d in range(p)]
+    approved = approved or [-1.0] * p
+    top_approved = max(approved)
+
+    def stage(d: int, kind: int, lane: int) -> int:
+        chunk = lane if kind == 0 else 1 - lane
+        return devs[d].stages[chunk]
+
+    def put(d: int, kind: int, lane: int) -> None:
+        dev = devs[d]
+        j = dev.n(kind, lane)
+        after = 0.0
+        if kind < 2 and lane == 1 and d < p - 1:
+            after = bld.arrival(kind, stage(d + 1, kind, 1), j)
+        if kind < 2 and lane == 0 and d > 0:
+            after = bld.arrival(kind, stage(d - 1, kind, 0), j)
+        bld.put(dev, kind, stage(d, kind, lane), lane, after)
+
+    def put_w(d: int) -> None:
+        if not devs[d].pending_w:
+            raise Stuck
+        lane, _ = devs[d].pending_w.popleft()
+        put(d, 2, lane)
+
+    def max_bubble(d: int = -1) -> float:
+        worst = max(dev.bubble for dev in devs)
+        return max(worst, top_approved - approved[d]) if d >= 0 else worst
+
+    def source_end(d: int, kind: int, lane: int) -> float | None:
+        """Estimated end of the op feeding ``d``'s next (kind, lane) op, if placed."""
+        j = devs[d].n(kind, lane)
+        if lane == 1 and d < p - 1:
+            return bld.end.get((kind, stage(d + 1, kind, 1), j))
+        if lane == 0 and d > 0:
+            return bld.end.get((kind, stage(d - 1, kind, 0), j))
+        return None
+
+    def fill(d: int, kind: int, lane: int, flag: bool) -> None:
+        dev = devs[d]
+        ready = source_end(d, kind, lane)
+        if ready is None:
+            return
+        ready += bld.comm
+        while dev.pending_w and ready >= dev.free + bld.cost(2, stage(d, 2, dev.pending_w[0][0])):
+            put_w(d)
+        if dev.pending_w and ready - dev.free > max_bubble(d) - dev.bubble and flag:
+            put_w(d)
+
+    def f_mem(d: int, lane: int) -> float:
+        return bld.mem(0, stage(d, 0, lane))
+
+    # Warm-up: chunk-0 forwards down; going back up, each device adds forwards (and
+    # those of all devices above it) while memory and the returning wave allow.
+    for d in range(p):
+        put(d, 0, 0)
+    for d in range(p - 1, -1, -1):
+        if d == p - 1:
+            put(d, 0, 1)
+            continue
+        ready = bld.end[(0, stage(d + 1, 0, 1), 0)] + bld.comm
+        dev = devs[d]
+        while (
+            dev.memory + f_mem(d, 0) * (2 + 2 * d) <= dev.limit + EPS
+            and dev.free + bld.cost(0, stage(d, 0, 0)) <= ready
+            and dev.n(0, 0) < m
+        ):
+            for e in range(d + 1):
+                put(e, 0, 0)
+        put(d, 0, 1)
+    lane = 0
+    for d in range(1, p):
+        prev, dev = devs[d - 1], devs[d]
+        while (dev.n(0, 0) + dev.n(0, 1) < prev.n(0, 0) + prev.n(0, 1)
+               or dev.n(0, 1) <= prev.n(0, 1) < m):  # fmt: skip
+            for e in range(p - 1, d - 1, -1):
+                if devs[e].n(0, lane) < m:
+                    put(e, 0, lane)
+            lane = 1 - lane
+    # Rounds: a backward on every device (the lane whose gradient arrives first), then
+    # a forward where one is ready; W ops fill waits and make room.
+    for _ in range(2 * m):
+        for d in range(p):
+            while devs[d].memory + bld.mem(1, stage(d, 1, 0)) > devs[d].limit + EPS:
+                put_w(d)
+        b0, b1 = [], []
+        for d in range(p):
+            dev = devs[d]
+            if dev.n(1, 1) >= dev.n(1, 0):
+                b0.append(d)
+            elif d == p - 1 or dev.n(1, 0) >= m or (1, stage(d + 1, 1, 1), dev.n(1, 1)) in bld.end:
+                b1.append(d)
+            else:
+                b0.append(d)
+        for d, b_lane in [(d, 1) for d in reversed(b1)] + [(d, 0) for d in b0]:
+            fill(d, 1, b_lane, b_lane == 1 or fill_b)
+            put(d, 1, b_lane)
+        for d in range(p):
+            dev = devs[d]
+            if dev.n(0, 1) >= m:
+                continue
+            f_lane = None
+            if dev.n(0, 1) >= dev.n(0, 0):
+                f_lane = 0
+            elif d == p - 1 or (0, stage(d + 1, 0, 1), dev.n(0, 1)) in bld.end:
+                f_lane = 1
+            elif dev.n(0, 0) < m and (d == 0 or (0, d - 1, dev.n(0, 0)) in bld.end):
+                f_lane = 0
+            if f_lane is None:
+                continue
+            while dev.memory + f_mem(d, f_lane) > dev.limit + EPS:
+                put_w(d)
+            fill(d, 0, f_lane, fill_f)
+            put(d, 0, f_lane)
+    for d in range(p):
+        while devs[d].pending_w:
+            put_w(d)
+    order = {(dev.device, Stream.COMPUTE): dev.ops for dev in devs}
+    return order, [dev.bubble for dev in devs], max(dev.span() for dev in devs)
