@@ -95,6 +95,20 @@ def test_torch_csv_refuses_offload(
     assert not (tmp_path / "order.csv").exists()
 
 
+def test_torch_csv_drop_offload_writes_the_compute_order(
+    tmp_path: Path, offload_schedule: Schedule, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "offload.json"
+    save_schedule(offload_schedule, path)
+    out = tmp_path / "order.csv"
+    code, _, _ = run(["export", str(path), "-o", str(out), "--drop-offload"], capsys)
+    assert code == 0
+    cells = [cell for line in out.read_text().splitlines() for cell in line.split(",") if cell]
+    computes = [op for op in offload_schedule.ops if op.kind.value in ("F", "B", "W", "BW")]
+    assert len(cells) == len(computes)
+    assert not any("OFFLOAD" in cell or "RELOAD" in cell for cell in cells)
+
+
 def test_default_output_next_to_the_schedule(schedule_file: Path, capsys) -> None:
     code, _, _ = run(["export", str(schedule_file), "--format", "trace"], capsys)
     assert code == 0

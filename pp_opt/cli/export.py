@@ -35,6 +35,12 @@ def export(
     output: Path | None = typer.Option(
         None, "-o", "--output", help="File to write; SCHEDULE's name with the format's suffix."
     ),
+    drop_offload: bool = typer.Option(
+        False,
+        "--drop-offload",
+        help="torch-csv: write the compute order of an offload schedule without its copies "
+        "(plain PyTorch then keeps every activation on the GPU).",
+    ),
 ) -> None:
     """Export a schedule: PyTorch pipelining CSV, Chrome/Perfetto trace, or a Gantt picture."""
     from pp_opt.schedule_io import load_schedule
@@ -44,7 +50,10 @@ def export(
     if out.resolve() == schedule_path.resolve():
         raise ProblemError("--output", f"{out} is the schedule itself; choose another file")
     schedule = load_schedule(schedule_path)
-    _WRITERS[fmt](schedule, out)
+    if fmt in _CSV_FORMATS:
+        _write_csv(schedule, out, _CSV_FORMATS[fmt], drop_offload=drop_offload)
+    else:
+        _WRITERS[fmt](schedule, out)
     typer.echo(f"wrote {out} ({fmt})")
 
 
@@ -72,16 +81,10 @@ def default_output(schedule_path: Path, fmt: str) -> Path:
     return schedule_path.with_name(schedule_path.stem + _DEFAULT_SUFFIX[fmt])
 
 
-def _write_csv(schedule: Schedule, out: Path, csv_format: str) -> None:
-    try:
-        from pp_opt.export.torch_csv import write_torch_csv
-    except ModuleNotFoundError as err:
-        if err.name != "pp_opt.export.torch_csv":
-            raise
-        raise ProblemError(
-            "--format", "this pp_opt has no PyTorch CSV exporter; use trace, png or svg"
-        ) from None
-    write_torch_csv(schedule, out, format=csv_format)
+def _write_csv(schedule: Schedule, out: Path, csv_format: str, *, drop_offload: bool) -> None:
+    from pp_opt.export.torch_csv import write_torch_csv
+
+    write_torch_csv(schedule, out, format=csv_format, drop_offload=drop_offload)
 
 
 def _write_trace(schedule: Schedule, out: Path) -> None:
@@ -96,9 +99,8 @@ def _write_figure(schedule: Schedule, out: Path, fmt: str) -> None:
     save_figure(schedule, out, format=fmt)
 
 
+_CSV_FORMATS = {"torch-csv": "compute_only", "torch-csv-comms": "compute_comms"}
 _WRITERS: dict[str, Callable[[Schedule, Path], None]] = {
-    "torch-csv": lambda s, out: _write_csv(s, out, "compute_only"),
-    "torch-csv-comms": lambda s, out: _write_csv(s, out, "compute_comms"),
     "trace": _write_trace,
     "png": lambda s, out: _write_figure(s, out, "png"),
     "svg": lambda s, out: _write_figure(s, out, "svg"),

@@ -133,7 +133,9 @@ def _refuse_offload(schedule: Schedule, drop_offload: bool) -> None:
         "OFFLOAD/RELOAD ops. Run it with pp_opt.runtime.build_pipeline_schedule"
     )
     if not drop_offload:
-        raise PPOptError(message + ", or export it without offload (drop_offload=True)")
+        raise PPOptError(
+            message + ", or export it without offload (--drop-offload, or drop_offload=True)"
+        )
     logger.warning("%s; writing the compute order only, activations stay on the GPU", message)
 
 
