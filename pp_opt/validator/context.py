@@ -26,6 +26,8 @@ class Context:
     """Every op of the schedule, as it is."""
     placed: list[ScheduledOp]
     """Ops on an existing stage with finite times: those that occupy a stream and memory."""
+    by_device: list[list[ScheduledOp]]
+    """``placed`` split by device (checks walk one device at a time)."""
     first: dict[OpKey, ScheduledOp]
     """The earliest copy of each placed op that is a node of the DAG."""
     recomputed: set[tuple[int, int]]
@@ -70,6 +72,9 @@ def make_context(schedule: Schedule, tol: float) -> Context:
     problem = schedule.problem
     dag = dag_for_ops(problem, schedule.ops)
     placed = [op for op in schedule.ops if is_placed(problem, op)]
+    by_device: list[list[ScheduledOp]] = [[] for _ in range(problem.p)]
+    for op in placed:
+        by_device[problem.device_of(op.stage)].append(op)
     first: dict[OpKey, ScheduledOp] = {}
     for op in sorted(placed, key=lambda o: (o.start, o.end)):
         if op.key in dag:
@@ -82,6 +87,7 @@ def make_context(schedule: Schedule, tol: float) -> Context:
         dag=dag,
         ops=schedule.ops,
         placed=placed,
+        by_device=by_device,
         first=first,
         recomputed={(k.stage, k.microbatch) for k in first if k.kind is OpKind.R},
         time_tol=tol * max(1.0, largest_time),

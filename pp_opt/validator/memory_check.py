@@ -34,9 +34,7 @@ def device_levels(ctx: Context, device: int, *, slack: float) -> Iterator[Level]
     """
     allocations: list[tuple[float, float, ScheduledOp]] = []
     frees: list[tuple[float, float]] = []
-    for op in ctx.placed:
-        if ctx.device_of(op) != device:
-            continue
+    for op in ctx.by_device[device]:
         recomputed = (op.stage, op.microbatch) in ctx.recomputed
         deltas = memory_delta(
             ctx.problem, op.kind, op.stage, fraction=op.fraction, recomputed=recomputed
