@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from pp_opt.problem import Problem
+from pp_opt.problem import Device, Problem
 from pp_opt.problem_io import load_problem, resplit
 
 CapOption = typer.Option(None, "--cap", help="Memory cap of every device (problem's unit).")
@@ -34,13 +34,24 @@ def problem_with_overrides(
         target = placement or ("loop" if problem.placement == "explicit" else problem.placement)
         v = chunks if chunks is not None else (2 if target == "v" else problem.v)
         problem = resplit(problem, target, v)
+    return apply_overrides(
+        problem, cap=cap, objective=objective, offload=offload, recompute=recompute
+    )
+
+
+def apply_overrides(
+    problem: Problem,
+    *,
+    cap: float | None = None,
+    objective: str | None = None,
+    offload: bool | None = None,
+    recompute: bool | None = None,
+) -> Problem:
+    """The problem with the cap of every device and the switches the user gave replaced."""
     changes: dict[str, object] = {}
     if cap is not None:
-        changes["devices"] = tuple(d.__class__(cap=cap, static=d.static) for d in problem.devices)
-    if objective is not None:
-        changes["objective"] = objective
-    if offload is not None:
-        changes["offload"] = offload
-    if recompute is not None:
-        changes["recompute"] = recompute
+        changes["devices"] = tuple(Device(cap=cap, static=d.static) for d in problem.devices)
+    for name, value in (("objective", objective), ("offload", offload), ("recompute", recompute)):
+        if value is not None:
+            changes[name] = value
     return problem.replace(**changes) if changes else problem

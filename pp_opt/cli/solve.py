@@ -12,10 +12,11 @@ from pp_opt.cli.common import (
     ObjectiveOption,
     PlacementOption,
     QuietOption,
+    apply_overrides,
     problem_with_overrides,
 )
 from pp_opt.errors import PPOptError, ProblemError
-from pp_opt.problem import Device, Problem
+from pp_opt.problem import Problem
 from pp_opt.solvers.base import Progress
 
 SolverOption = typer.Option("cpsat", "--solver", help="cpsat, milp (CBC) or milp-highs.")
@@ -76,13 +77,9 @@ def _load(
         placement=target, microbatches=profile["microbatches"], mbs=profile["mbs"],
         seq=profile["seq"], tp=profile["tp"], measure=profile["measure"],
     )  # fmt: skip
-    changes: dict[str, object] = {}
-    if cap is not None:
-        changes["devices"] = tuple(Device(cap=cap, static=d.static) for d in problem.devices)
-    for name, value in (("objective", objective), ("offload", offload), ("recompute", recompute)):
-        if value is not None:
-            changes[name] = value
-    return problem.replace(**changes) if changes else problem
+    return apply_overrides(
+        problem, cap=cap, objective=objective, offload=offload, recompute=recompute
+    )
 
 
 def solve(
