@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_helpers import run
 
-from pp_opt.cli import main
 from pp_opt.cli.export import FORMATS, default_output, export_format
 from pp_opt.errors import ProblemError
 from pp_opt.ops import OpKey, OpKind, Stream
@@ -21,16 +21,6 @@ _TINY_1F1B = [
     [(OpKind.F, 0), (OpKind.F, 1), (OpKind.B, 0), (OpKind.W, 0), (OpKind.B, 1), (OpKind.W, 1)],
     [(OpKind.F, 0), (OpKind.B, 0), (OpKind.F, 1), (OpKind.B, 1), (OpKind.W, 0), (OpKind.W, 1)],
 ]
-
-
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture
