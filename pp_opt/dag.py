@@ -9,8 +9,6 @@ Edges carry ``latency``: ``t_comm`` between devices, 0 on one device.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import networkx as nx
 
 from pp_opt.ops import OpKey, OpKind, duration, memory_delta, stream_of
@@ -92,8 +90,3 @@ def _add_op(dag: nx.DiGraph, problem: Problem, key: OpKey) -> None:
 def required_ops(dag: nx.DiGraph) -> list[OpKey]:
     """Ops every schedule must contain (all but offload, reload and recompute)."""
     return [k for k, data in dag.nodes(data=True) if not data["optional"]]
-
-
-def restrict(dag: nx.DiGraph, present: Iterable[OpKey]) -> nx.DiGraph:
-    """The sub-DAG of the ops a schedule actually contains (edges among them kept)."""
-    return dag.subgraph(set(present))

@@ -8,9 +8,6 @@ from typing import Any
 from pp_opt.ops import STREAM_ORDER, OpKey, OpKind, Stream
 from pp_opt.problem import Problem
 
-STATUSES = ("optimal", "feasible", "infeasible", "timeout", "heuristic")
-"""``heuristic`` marks schedules made by a fixed pattern (the classic baselines)."""
-
 
 @dataclass(frozen=True, slots=True)
 class ScheduledOp:
@@ -40,6 +37,8 @@ class SolverInfo:
 
     name: str
     status: str
+    """``optimal``, ``feasible`` or ``timeout`` from a solver; ``heuristic`` for a fixed
+    pattern (the classic baselines)."""
     objective: float
     lower_bound: float | None = None
     gap: float | None = None
