@@ -2,44 +2,70 @@
 
 The pieces, each a plain function over plain data::
 
-    problem = load_problem("examples/small.toml")       # or Problem(...), profile_problem(...)
-    result = solve(problem, solver="cpsat", time_limit=10)
-    save_schedule(result.schedule, "s.json")
+    import pp_opt
+
+    problem = pp_opt.load_problem("examples/small.toml")  # or Problem(...), profile_problem(...)
+    result = pp_opt.solve(problem, solver="cpsat", time_limit=10)
+    pp_opt.save_schedule(result.schedule, "s.json")
+    pp_opt.export(result.schedule, "torch-csv", "s.csv")
+
+``import pp_opt`` stays light: OR-Tools, PuLP and HiGHS load when a backend runs,
+matplotlib when a picture is drawn, PyTorch only in the measured profiler and the runtime.
 """
 
-from __future__ import annotations
-
-from importlib import import_module
-from typing import Any
+from pp_opt.bounds import lower_bound, min_feasible_cap
+from pp_opt.errors import (
+    DeadlockError,
+    InfeasibleError,
+    NoOrderError,
+    PPOptError,
+    ProblemError,
+)
+from pp_opt.export import export
+from pp_opt.order import Order, Variant
+from pp_opt.orders import baseline, baseline_names
+from pp_opt.problem import Device, Problem, Stage, uniform_problem
+from pp_opt.problem_io import load_problem, resplit
+from pp_opt.profiler import profile_problem
+from pp_opt.schedule import Schedule, Status
+from pp_opt.schedule_io import load_schedule, save_schedule
+from pp_opt.simulator import order_of, retime, simulate
+from pp_opt.solvers import SolveResult, solve
+from pp_opt.validator import ValidationError, Violation, check_schedule, validate
 
 __version__ = "0.1.0"
 
-_EXPORTS = {
-    "Problem": "pp_opt.problem",
-    "Stage": "pp_opt.problem",
-    "Device": "pp_opt.problem",
-    "uniform_problem": "pp_opt.problem",
-    "load_problem": "pp_opt.problem_io",
-    "resplit": "pp_opt.problem_io",
-    "build_dag": "pp_opt.dag",
-    "simulate": "pp_opt.simulator",
-    "Schedule": "pp_opt.schedule",
-    "load_schedule": "pp_opt.schedule_io",
-    "save_schedule": "pp_opt.schedule_io",
-    "validate": "pp_opt.validator",
-    "check_schedule": "pp_opt.validator",
-    "make_baseline": "pp_opt.baselines",
-    "run_baseline": "pp_opt.api",
-    "solve": "pp_opt.solvers",
-    "lower_bound": "pp_opt.bounds",
-    "profile_problem": "pp_opt.profiler",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    """Import on first use, so ``import pp_opt`` stays light (no solver or torch load)."""
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'pp_opt' has no attribute {name!r}")
+__all__ = [
+    "DeadlockError",
+    "Device",
+    "InfeasibleError",
+    "NoOrderError",
+    "Order",
+    "PPOptError",
+    "Problem",
+    "ProblemError",
+    "Schedule",
+    "SolveResult",
+    "Stage",
+    "Status",
+    "ValidationError",
+    "Variant",
+    "Violation",
+    "baseline",
+    "baseline_names",
+    "check_schedule",
+    "export",
+    "load_problem",
+    "load_schedule",
+    "lower_bound",
+    "min_feasible_cap",
+    "order_of",
+    "profile_problem",
+    "resplit",
+    "retime",
+    "save_schedule",
+    "simulate",
+    "solve",
+    "uniform_problem",
+    "validate",
+]

@@ -9,10 +9,33 @@ Edges carry ``latency``: ``t_comm`` between devices, 0 on one device.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import networkx as nx
 
 from pp_opt.ops import OpKey, OpKind, duration, memory_delta, stream_of
+from pp_opt.order import Variant
 from pp_opt.problem import Problem
+
+
+def dag_for(problem: Problem, variant: Variant | None = None) -> nx.DiGraph:
+    """The DAG of ``problem`` in ``variant`` (the problem's own by default), built once.
+
+    Simulator, validator and solvers all ask here, so one solve builds each variant it
+    uses once. The graph is frozen: it is shared, so nobody may change it.
+    """
+    return _cached_dag(problem, variant or Variant.of_problem(problem))
+
+
+@lru_cache(maxsize=16)
+def _cached_dag(problem: Problem, variant: Variant) -> nx.DiGraph:
+    dag = build_dag(
+        problem,
+        split_backward=variant.split_backward,
+        offload=variant.offload,
+        recompute=variant.recompute,
+    )
+    return nx.freeze(dag)
 
 
 def build_dag(
@@ -25,7 +48,8 @@ def build_dag(
     """Every op of one iteration and the edges between them (DESIGN.md §3).
 
     The keyword switches override the problem's own (baselines run a fused
-    backward whatever the problem says, for example).
+    backward whatever the problem says, for example). Prefer :func:`dag_for`, which
+    builds each variant of a problem once.
     """
     split = problem.split_backward if split_backward is None else split_backward
     with_offload = problem.offload if offload is None else offload
@@ -34,7 +58,8 @@ def build_dag(
     last = problem.num_stages - 1
 
     dag = nx.DiGraph(problem=problem, split_backward=split, offload=with_offload,
-                     recompute=with_recompute)  # fmt: skip
+                     recompute=with_recompute,
+                     variant=Variant(split, with_offload, with_recompute))  # fmt: skip
     for s in range(problem.num_stages):
         kinds = [OpKind.F, back]
         if split:
@@ -48,8 +73,7 @@ def build_dag(
                 _add_op(dag, problem, OpKey(kind, s, j))
 
     def link(u: OpKey, w: OpKey) -> None:
-        cross = problem.device_of(u.stage) != problem.device_of(w.stage)
-        dag.add_edge(u, w, latency=problem.t_comm if cross else 0.0)
+        dag.add_edge(u, w, latency=latency(problem, u, w))
 
     for j in range(problem.m):
         for s in range(problem.num_stages):
@@ -69,6 +93,11 @@ def build_dag(
                 link(OpKey(OpKind.F, s, j), OpKey(OpKind.R, s, j))
                 link(OpKey(OpKind.R, s, j), OpKey(back, s, j))
     return dag
+
+
+def latency(problem: Problem, u: OpKey, w: OpKey) -> float:
+    """Latency of the dependency ``u -> w``: ``t_comm`` between devices, 0 on one device."""
+    return problem.t_comm if problem.device_of(u.stage) != problem.device_of(w.stage) else 0.0
 
 
 def _add_op(dag: nx.DiGraph, problem: Problem, key: OpKey) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from pp_opt.errors import ProblemError
 from pp_opt.ops import OpKind, Stream, memory_delta
 from pp_opt.problem import Problem
 from pp_opt.schedule import Metrics, ScheduledOp
@@ -60,7 +61,7 @@ def peak_memory(problem: Problem, ops: Iterable[ScheduledOp]) -> list[float]:
 def compute_metrics(problem: Problem, ops: Iterable[ScheduledOp]) -> Metrics:
     ops = list(ops)
     if not ops:
-        raise ValueError("a schedule without ops has no metrics")
+        raise ProblemError("ops", "a schedule without ops has no metrics; give at least one")
     first = min(op.start for op in ops)
     makespan = max(op.end for op in ops) - first
     starts = [float("inf")] * problem.p

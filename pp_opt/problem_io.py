@@ -1,4 +1,5 @@
-"""Problems to and from plain dicts, TOML problem files and JSON; re-splitting into chunks."""
+"""Problems to and from plain dicts, TOML problem files, problem and cost-profile JSON;
+re-splitting into chunks."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pp_opt.compat import with_v
 from pp_opt.errors import ProblemError
 from pp_opt.placement import PLACEMENTS, stage_devices
 from pp_opt.problem import Device, Problem, Stage
@@ -19,6 +21,12 @@ TOP_KEYS = (
     "offload", "recompute", "host_links", "stage", "stages", "device", "devices",
 )  # fmt: skip
 _ADDITIVE = ("t_f", "t_b", "t_w", "m_b", "m_w", "t_offload", "t_reload")
+
+COSTS_FORMAT = "pp-opt.costs"
+"""``format`` of a cost profile JSON (:func:`pp_opt.profiler.profile_costs` writes them)."""
+COSTS_VERSION = 1
+COSTS_PROBLEM_KEYS = ("name", "p", "m", "placement", "v", "unit", "t_comm", "stages", "devices",
+                      "host_links")  # fmt: skip
 
 
 def _reject_unknown(where: str, data: Mapping[str, Any], allowed: Sequence[str]) -> None:
@@ -75,6 +83,7 @@ def _tables(field: str, value: Any) -> list[dict[str, Any]]:
 
 def problem_from_spec(spec: Mapping[str, Any]) -> Problem:
     """Build a problem from a hand-written spec (the TOML layout; see examples/small.toml)."""
+    spec = with_v(spec)
     _reject_unknown("", spec, TOP_KEYS)
     for key in ("p", "m"):
         if key not in spec:
@@ -169,6 +178,7 @@ def problem_to_dict(problem: Problem) -> dict[str, Any]:
 
 def problem_from_dict(data: Mapping[str, Any]) -> Problem:
     """Inverse of :func:`problem_to_dict`."""
+    data = with_v(data, "problem.")
     allowed = (
         "name", "p", "m", "placement", "v", "objective", "unit", "stages", "t_comm", "devices",
         "host_links", "split_backward", "offload", "recompute", "extra",
@@ -223,13 +233,31 @@ def load_problem(path: str | Path) -> Problem:
         return problem_from_dict(data["problem"])
     if fmt == "pp-opt.problem":
         return problem_from_dict({k: v for k, v in data.items() if k not in ("format", "version")})
-    if fmt == "pp-opt.costs":
-        from pp_opt.profiler.costs import problem_from_costs
-
+    if fmt == COSTS_FORMAT:
         return problem_from_costs(data)
     raise ProblemError(
         "format", f"{path}: expected pp-opt.schedule, pp-opt.problem or pp-opt.costs, got {fmt!r}"
     )
+
+
+def problem_from_costs(data: Mapping[str, Any]) -> Problem:
+    """Build the Problem a cost profile describes; its provenance goes to ``extra["profile"]``."""
+    if data.get("format") != COSTS_FORMAT:
+        raise ProblemError("format", f"got {data.get('format')!r}; expected {COSTS_FORMAT!r}")
+    if data.get("version") != COSTS_VERSION:
+        raise ProblemError(
+            "version", f"got {data.get('version')!r}; this pp_opt reads version {COSTS_VERSION}"
+        )
+    data = with_v(data)
+    allowed = (*COSTS_PROBLEM_KEYS, "format", "version", "profile")
+    for key in data:
+        if key not in allowed:
+            raise ProblemError(key, f"unknown key in a cost profile; allowed: {', '.join(allowed)}")
+    if data.get("unit", "bytes") != "bytes":
+        raise ProblemError("unit", "a cost profile measures memory in bytes; set unit = 'bytes'")
+    problem = {k: data[k] for k in COSTS_PROBLEM_KEYS if k in data and k != "v"}
+    problem["extra"] = {"profile": dict(data.get("profile", {}))}
+    return problem_from_dict(problem)
 
 
 def resplit(problem: Problem, placement: str, v: int) -> Problem:

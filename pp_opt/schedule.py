@@ -3,10 +3,27 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from pp_opt.ops import STREAM_ORDER, OpKey, OpKind, Stream
+from pp_opt.order import Variant
 from pp_opt.problem import Problem
+
+
+class Status(StrEnum):
+    """How a schedule's maker ended (written to JSON as the plain string)."""
+
+    OPTIMAL = "optimal"
+    """A solver proved no schedule is better."""
+    FEASIBLE = "feasible"
+    """Valid, not proved optimal (the time limit came first)."""
+    TIMEOUT = "timeout"
+    """A backend found nothing in time (only ever a backend's own status)."""
+    INFEASIBLE = "infeasible"
+    """A backend proved nothing fits (only ever a backend's own status)."""
+    HEURISTIC = "heuristic"
+    """Made by a fixed pattern or a greedy rule (baselines, warm starts)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,9 +53,7 @@ class SolverInfo:
     """How a schedule was made: by which solver or baseline, with what outcome."""
 
     name: str
-    status: str
-    """``optimal``, ``feasible`` or ``timeout`` from a solver; ``heuristic`` for a fixed
-    pattern (the classic baselines)."""
+    status: Status
     objective: float
     lower_bound: float | None = None
     gap: float | None = None
@@ -68,6 +83,8 @@ class Schedule:
     ops: tuple[ScheduledOp, ...]
     solver: SolverInfo
     metrics: Metrics
+    variant: Variant
+    """The DAG its ops belong to (set by whoever makes the schedule; checks use it)."""
 
     def device_ops(self, device: int) -> list[ScheduledOp]:
         """Ops of one device in execution order (start, then stream, then end)."""

@@ -12,8 +12,9 @@ from typing import Any
 
 from pp_opt.errors import ProblemError
 from pp_opt.ops import OpKind, Stream
+from pp_opt.order import Variant
 from pp_opt.problem_io import problem_from_dict, problem_to_dict
-from pp_opt.schedule import Metrics, Schedule, ScheduledOp, SolverInfo
+from pp_opt.schedule import Metrics, Schedule, ScheduledOp, SolverInfo, Status
 
 FORMAT = "pp-opt.schedule"
 VERSION = 1
@@ -72,9 +73,12 @@ def schedule_from_dict(data: dict[str, Any]) -> Schedule:
             raise ProblemError(key, "missing from the schedule file")
     problem = problem_from_dict(data["problem"])
     solver_data = dict(data["solver"])
+    status = solver_data.pop("status", "feasible")
+    if status not in [s.value for s in Status]:
+        raise ProblemError("solver.status", f"got {status!r}; use one of {', '.join(Status)}")
     solver = SolverInfo(
         name=solver_data.pop("name", "?"),
-        status=solver_data.pop("status", "feasible"),
+        status=Status(status),
         objective=solver_data.pop("objective", 0.0),
         lower_bound=solver_data.pop("lower_bound", None),
         gap=solver_data.pop("gap", None),
@@ -112,7 +116,11 @@ def schedule_from_dict(data: dict[str, Any]) -> Schedule:
                     f"stage {ops[-1].stage} runs on device {problem.device_of(ops[-1].stage)}, "
                     f"not {dev.get('device', d)}; list the op under its own device",
                 )
-    return Schedule(problem=problem, ops=tuple(ops), solver=solver, metrics=metrics)
+    # The file does not name its DAG variant: its op kinds do.
+    variant = Variant.of_kinds((op.kind for op in ops), split_backward=problem.split_backward)
+    return Schedule(
+        problem=problem, ops=tuple(ops), solver=solver, metrics=metrics, variant=variant
+    )
 
 
 def loads_schedule(text: str) -> Schedule:

@@ -6,7 +6,7 @@ share its copy bandwidth, and the simulator serves their copies earliest-ready f
 Streams of one device run concurrently, so an order alone lets a reload start as soon
 as its offload ends, which may defeat the offload. ``waits`` are the cross-stream
 synchronisations a runtime performs (CUDA events): ``(a, b)`` means ``b`` starts no
-earlier than ``a`` ends. :func:`waits_of` derives them from a timed schedule so that
+earlier than ``a`` ends. :func:`order_of` derives them from a timed schedule so that
 re-timing it never raises its memory peak nor its objective (every start can only move
 earlier, and every free that preceded an allocation still precedes it).
 """
@@ -14,66 +14,77 @@ earlier, and every free that preceded an allocation still precedes it).
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 
 import networkx as nx
 
-from pp_opt.dag import build_dag, required_ops
+from pp_opt.dag import dag_for, latency, required_ops
 from pp_opt.errors import DeadlockError, ProblemError
 from pp_opt.metrics import compute_metrics
 from pp_opt.ops import OpKey, OpKind, Stream, duration, stream_of
+from pp_opt.order import Order, Streams
 from pp_opt.problem import Problem
-from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo
+from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo, Status
 
-StreamOrder = Mapping[tuple[int, Stream], Sequence[OpKey]]
-
-
-def dag_for_order(problem: Problem, order: StreamOrder) -> nx.DiGraph:
-    """The DAG whose op kinds match those the order uses (fused or split backward, ...)."""
-    kinds = {key.kind for keys in order.values() for key in keys}
-    return build_dag(
-        problem,
-        split_backward=OpKind.BW not in kinds,
-        offload=bool(kinds & {OpKind.OFFLOAD, OpKind.RELOAD}),
-        recompute=OpKind.R in kinds,
-    )
+QueueKey = tuple[int, Stream]
 
 
 def simulate(
-    problem: Problem,
-    order: StreamOrder,
+    order: Order,
     *,
-    fractions: Mapping[OpKey, float] | None = None,
-    waits: Iterable[tuple[OpKey, OpKey]] = (),
     dag: nx.DiGraph | None = None,
     solver: SolverInfo | None = None,
 ) -> Schedule:
     """Earliest-start times for the given per-stream op order.
 
-    Raises :class:`DeadlockError` naming the ops that wait on each other when the
-    order can never run, and :class:`ProblemError` when it lists a wrong set of ops.
+    Parameters
+    ----------
+    order
+        The op order, its problem, offload fractions, cross-stream waits and variant.
+    dag
+        The DAG whose edges to honour; ``dag_for(order.problem, order.variant)`` when
+        None. Any DAG of the same placement, microbatches and variant will do (its edge
+        latencies are taken from ``order.problem``), e.g. that of a problem whose times
+        were rounded.
+    solver
+        How the schedule was made; a ``simulate``/``heuristic`` record when None.
+
+    Returns
+    -------
+    Schedule
+        The timed schedule, of ``order.problem`` and ``order.variant``.
+
+    Raises
+    ------
+    DeadlockError
+        Naming the ops that wait on each other when the order can never run.
+    ProblemError
+        When the order lists a wrong set of ops.
     """
-    dag = dag if dag is not None else dag_for_order(problem, order)
-    fractions = fractions or {}
-    present = _check_order(problem, dag, order)
-    preds, succs = _edges(dag, present, waits)
-    queues = {k: list(v) for k, v in order.items() if v}
+    problem = order.problem
+    dag = dag if dag is not None else dag_for(problem, order.variant)
+    fractions = order.fractions
+    present = _check_order(problem, dag, order.streams)
+    preds, succs = _edges(problem, dag, present, order.waits)
+    queues = {k: list(v) for k, v in order.streams.items() if v}
     position = dict.fromkeys(queues, 0)
     queue_of = {key: qk for qk, keys in queues.items() for key in keys}
     waiting = {key: len(preds[key]) for key in present}
     end: dict[OpKey, float] = {}
     stream_free = dict.fromkeys(queues, 0.0)
-    link_free: dict[tuple[int, Stream], float] = {}
+    link_free: dict[QueueKey, float] = {}
+    links = {qk: _link_key(problem, qk) for qk in queues}
     timed: list[ScheduledOp] = []
-    heap: list[tuple[float, int, int, tuple[int, Stream]]] = []
+    heap: list[tuple[float, int, int, QueueKey]] = []
 
-    def ready_time(key: OpKey, qk: tuple[int, Stream]) -> float:
+    def ready_time(key: OpKey, qk: QueueKey) -> float:
         t = stream_free[qk]
-        for u, latency in preds[key]:
-            t = max(t, end[u] + latency)
+        for u, lag in preds[key]:
+            t = max(t, end[u] + lag)
         return t
 
-    def push_head(qk: tuple[int, Stream]) -> None:
+    def push_head(qk: QueueKey) -> None:
         if position[qk] < len(queues[qk]):
             head = queues[qk][position[qk]]
             if waiting[head] == 0:
@@ -84,7 +95,7 @@ def simulate(
     while heap:
         ready, _, _, qk = heapq.heappop(heap)
         key = queues[qk][position[qk]]
-        link = _link_key(problem, qk)
+        link = links[qk]
         start = max(ready, link_free.get(link, 0.0)) if link else ready
         if start > ready:
             heapq.heappush(heap, (start, qk[0], _stream_rank(qk[1]), qk))
@@ -107,60 +118,77 @@ def simulate(
                 push_head(wq)
     if len(end) < len(present):
         raise DeadlockError(_deadlock_message(preds, queues, position, end))
-    solver = solver or SolverInfo(name="simulate", status="heuristic", objective=0.0)
+    solver = solver or SolverInfo(name="simulate", status=Status.HEURISTIC, objective=0.0)
     metrics = compute_metrics(problem, timed)
     solver.objective = metrics.makespan if problem.objective == "makespan" else max(metrics.span)
-    return Schedule(problem=problem, ops=tuple(timed), solver=solver, metrics=metrics)
+    return Schedule(
+        problem=problem, ops=tuple(timed), solver=solver, metrics=metrics, variant=order.variant
+    )
 
 
-def order_of(schedule: Schedule) -> dict[tuple[int, Stream], list[OpKey]]:
-    """The per-stream op order of a timed schedule (what a runtime follows)."""
-    order: dict[tuple[int, Stream], list[OpKey]] = {}
-    for device in range(schedule.problem.p):
-        for op in schedule.device_ops(device):
-            order.setdefault((device, op.stream), []).append(op.key)
-    return order
+def order_of(schedule: Schedule) -> Order:
+    """The order a timed schedule follows: per-stream ops, fractions and cross-stream waits.
 
-
-def waits_of(schedule: Schedule) -> list[tuple[OpKey, OpKey]]:
-    """Cross-stream waits implied by a timed schedule, per device.
-
-    For each op and each other stream of its device, the last op there that ended at or
-    before this op's start (earlier ones follow from the stream order).
+    ``simulate(order_of(schedule))`` re-times it (see :func:`retime`).
     """
-    waits = []
+    streams: dict[QueueKey, list[OpKey]] = {}
+    by_device: list[list[ScheduledOp]] = []
     for device in range(schedule.problem.p):
         own = schedule.device_ops(device)
-        by_stream: dict[Stream, list] = {}
+        by_device.append(own)
         for op in own:
-            by_stream.setdefault(op.stream, []).append(op)
-        for op in own:
-            for stream, others in by_stream.items():
-                if stream is op.stream:
-                    continue
-                done = [o for o in others if o.end <= op.start]
-                if done:
-                    waits.append((max(done, key=lambda o: o.end).key, op.key))
+            streams.setdefault((device, op.stream), []).append(op.key)
+    fractions = {op.key: op.fraction for op in schedule.ops if op.fraction != 1.0}
+    waits = [wait for own in by_device for wait in _device_waits(own)]
+    return Order(
+        problem=schedule.problem,
+        streams=streams,
+        fractions=fractions,
+        waits=tuple(waits),
+        variant=schedule.variant,
+        name=schedule.solver.name,
+    )
+
+
+def _device_waits(own: Sequence[ScheduledOp]) -> list[tuple[OpKey, OpKey]]:
+    """Cross-stream waits of one device's ops (in execution order).
+
+    For each op and each other stream of its device, the last op there that ended at or
+    before this op's start (earlier ones follow from the stream order): re-timing with
+    these never raises the memory peak nor the objective (every start can only move
+    earlier, and every free that preceded an allocation still precedes it).
+    """
+    by_stream: dict[Stream, list[ScheduledOp]] = {}
+    for op in own:
+        by_stream.setdefault(op.stream, []).append(op)
+    if len(by_stream) < 2:
+        return []
+    # Per stream, its ops sorted by end (stable: ties keep execution order) and the ends.
+    ended = {stream: sorted(ops, key=lambda o: o.end) for stream, ops in by_stream.items()}
+    ends = {stream: [o.end for o in ops] for stream, ops in ended.items()}
+    waits = []
+    for op in own:
+        for stream, others in ended.items():
+            if stream is op.stream:
+                continue
+            count = bisect_right(ends[stream], op.start)
+            if count:
+                # The first op (in execution order) among those ending last before op.
+                latest = bisect_left(ends[stream], ends[stream][count - 1])
+                waits.append((others[latest].key, op.key))
     return waits
 
 
 def retime(schedule: Schedule, *, solver: SolverInfo | None = None) -> Schedule:
     """Re-time a schedule's own op order and cross-stream waits with the simulator."""
-    fractions = {op.key: op.fraction for op in schedule.ops if op.fraction != 1.0}
-    return simulate(
-        schedule.problem,
-        order_of(schedule),
-        fractions=fractions,
-        waits=waits_of(schedule),
-        solver=solver,
-    )
+    return simulate(order_of(schedule), solver=solver)
 
 
 def _stream_rank(stream: Stream) -> int:
     return (Stream.COMPUTE, Stream.D2H, Stream.H2D).index(stream)
 
 
-def _link_key(problem: Problem, qk: tuple[int, Stream]) -> tuple[int, Stream] | None:
+def _link_key(problem: Problem, qk: QueueKey) -> QueueKey | None:
     if qk[1] is Stream.COMPUTE:
         return None
     group = problem.link_group(qk[0])
@@ -168,14 +196,19 @@ def _link_key(problem: Problem, qk: tuple[int, Stream]) -> tuple[int, Stream] | 
 
 
 def _edges(
-    dag: nx.DiGraph, present: set[OpKey], waits: Iterable[tuple[OpKey, OpKey]]
+    problem: Problem, dag: nx.DiGraph, present: set[OpKey], waits: Iterable[tuple[OpKey, OpKey]]
 ) -> tuple[dict[OpKey, list[tuple[OpKey, float]]], dict[OpKey, list[OpKey]]]:
     """Predecessors (with latency) and successors among present ops, waits included."""
     preds: dict[OpKey, list[tuple[OpKey, float]]] = {key: [] for key in present}
     succs: dict[OpKey, list[OpKey]] = {key: [] for key in present}
-    for u, w, latency in dag.subgraph(present).edges(data="latency"):
-        preds[w].append((u, latency))
-        succs[u].append(w)
+    adjacency = dag.succ
+    for u in dag:  # DAG order, so that every run lists the same edges in the same order
+        if u not in present:
+            continue
+        for w in adjacency[u]:
+            if w in present:
+                preds[w].append((u, latency(problem, u, w)))
+                succs[u].append(w)
     for u, w in waits:
         if u not in present or w not in present:
             raise ProblemError("waits", f"{u} -> {w} names an op that is not in the order")
@@ -184,7 +217,7 @@ def _edges(
     return preds, succs
 
 
-def _check_order(problem: Problem, dag: nx.DiGraph, order: StreamOrder) -> set[OpKey]:
+def _check_order(problem: Problem, dag: nx.DiGraph, order: Streams) -> set[OpKey]:
     present: set[OpKey] = set()
     for (device, stream), keys in order.items():
         for key in keys:
@@ -218,8 +251,8 @@ def _check_order(problem: Problem, dag: nx.DiGraph, order: StreamOrder) -> set[O
 
 def _deadlock_message(
     preds: Mapping[OpKey, list[tuple[OpKey, float]]],
-    queues: Mapping[tuple[int, Stream], Sequence[OpKey]],
-    position: Mapping[tuple[int, Stream], int],
+    queues: Mapping[QueueKey, Sequence[OpKey]],
+    position: Mapping[QueueKey, int],
     end: Mapping[OpKey, float],
 ) -> str:
     parts = []

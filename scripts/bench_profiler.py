@@ -53,7 +53,7 @@ def analytic_rows() -> list[dict[str, Any]]:
         for name in bundled_cards()["model"]:
             layout = dict(STANDARD.get(name, dict(pp=4, microbatches=16)))
             card = load_model_card(name)
-            stages = layout["pp"] * layout.get("vpp", 1)
+            stages = layout["pp"] * layout.get("v", 1)
             layout["layers"] = suggest_split(card.layers, stages)
             data = profile_costs(model=name, hardware=hw, **layout)
             mid = data["stages"][len(data["stages"]) // 2]

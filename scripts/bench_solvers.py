@@ -23,13 +23,12 @@ import sys
 import time
 from pathlib import Path
 
-from pp_opt.api import run_baseline
-from pp_opt.baselines import baseline_names
 from pp_opt.errors import InfeasibleError, PPOptError
+from pp_opt.orders import baseline, baseline_names
+from pp_opt.orders.common import same_placement
 from pp_opt.problem import Device, Problem, Stage, uniform_problem
 from pp_opt.problem_io import load_problem, resplit
 from pp_opt.solvers import solve
-from pp_opt.solvers.warm_start import same_placement
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ("zb-1.5b", "zb-6.2b", "zb-14.6b", "zb-28.3b")
@@ -63,7 +62,7 @@ def run_instance(instance: str, problem: Problem, args: argparse.Namespace) -> l
     for name in baseline_names():
         t0 = time.perf_counter()
         try:
-            schedule = run_baseline(name, problem)
+            schedule = baseline(name, problem)
         except InfeasibleError as err:
             rows.append({"instance": instance, "schedule": name, "status": "over cap",
                          "needs": err.min_cap})  # fmt: skip

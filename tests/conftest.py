@@ -8,8 +8,9 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
-from pp_opt.dag import build_dag
+from pp_opt.dag import dag_for
 from pp_opt.ops import OpKey, OpKind, Stream, stream_of
+from pp_opt.order import Order, Variant
 from pp_opt.problem import Problem, uniform_problem
 from pp_opt.schedule import Schedule
 from pp_opt.simulator import simulate
@@ -34,11 +35,12 @@ def gpipe_schedule(problem: Problem, *, fractions: dict[OpKey, float] | None = N
     The per-stream orders are cut from one topological order of the problem's DAG
     (offload ops included when ``problem.offload``), so they can never deadlock.
     """
-    dag = build_dag(problem)
+    dag = dag_for(problem)
     order: dict[tuple[int, Stream], list[OpKey]] = {}
     for key in nx.lexicographical_topological_sort(dag, key=_forwards_first):
         order.setdefault((problem.device_of(key.stage), stream_of(key.kind)), []).append(key)
-    return simulate(problem, order, fractions=fractions)
+    return simulate(Order(problem=problem, streams=order, fractions=fractions or {},
+                          variant=Variant.of_problem(problem)))  # fmt: skip
 
 
 @pytest.fixture

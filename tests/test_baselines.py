@@ -6,21 +6,22 @@ from pathlib import Path
 
 import pytest
 
-from pp_opt.baselines import (
-    BASELINES,
-    FUSED_BACKWARD,
-    baseline_names,
-    baseline_order,
-    best_baseline,
-    fits_cap,
-    make_baseline,
-)
+from pp_opt.cli.common import flag
 from pp_opt.errors import InfeasibleError, ProblemError
 from pp_opt.ops import OpKind
+from pp_opt.order import Order
+from pp_opt.orders import REGISTRY, baseline, baseline_names, best_baseline, fits_cap
 from pp_opt.problem import Device, Problem, Stage, uniform_problem
 from pp_opt.problem_io import load_problem
 from pp_opt.simulator import simulate
 from pp_opt.validator import validate
+
+FUSED_BACKWARD = frozenset({"gpipe", "1f1b", "interleaved-1f1b"})
+
+
+def baseline_order(name: str, problem: Problem) -> Order:
+    return REGISTRY[name].generator(problem)
+
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -34,14 +35,13 @@ PUBLISHED = [
 
 
 def _bubble_rate(name: str, problem: Problem) -> float:
-    """Simulated only: make_baseline adds the validator, checked below on smaller problems."""
-    scheduled, order = baseline_order(name, problem)
-    return simulate(scheduled, order).metrics.bubble_rate
+    """Simulated only: baseline adds the validator, checked below on smaller problems."""
+    return simulate(baseline_order(name, problem)).metrics.bubble_rate
 
 
 def _bubble(name: str, problem: Problem) -> tuple[float, float]:
     """``max span - busy of the busiest device`` and the peak memory over devices."""
-    metrics = make_baseline(name, problem).metrics
+    metrics = baseline(name, problem).metrics
     return max(metrics.span) - max(metrics.busy), max(metrics.peak_memory)
 
 
@@ -57,7 +57,7 @@ def test_published_bubble_rates(
 
 def test_zb_v_on_the_1_5b_costs() -> None:
     problem = load_problem(EXAMPLES / "zb-1.5b.toml")
-    schedule = make_baseline("zb-v", problem)
+    schedule = baseline("zb-v", problem)
     assert schedule.problem.placement == "v"
     assert schedule.metrics.bubble_rate <= 0.08  # the paper's greedy ZB-V reaches .0702
     assert max(schedule.metrics.peak_memory) <= problem.p * 1.0 + 1e-9  # p M_B, static 0
@@ -65,7 +65,7 @@ def test_zb_v_on_the_1_5b_costs() -> None:
 
 def test_interleaved_1f1b_on_the_1_5b_costs() -> None:
     problem = load_problem(EXAMPLES / "zb-1.5b.toml")
-    schedule = make_baseline("interleaved-1f1b", problem)
+    schedule = baseline("interleaved-1f1b", problem)
     assert (schedule.problem.placement, schedule.problem.v) == ("loop", 2)
     assert schedule.metrics.bubble_rate == pytest.approx(0.1395, abs=0.002)
 
@@ -113,7 +113,7 @@ def test_zb_h1_closed_form_needs_t_w_at_most_t_f() -> None:
 
 
 def test_zb_h2_has_no_bubble_with_equal_costs() -> None:
-    metrics = make_baseline("zb-h2", uniform_problem(p=4, m=8, m_w=0.5)).metrics
+    metrics = baseline("zb-h2", uniform_problem(p=4, m=8, m_w=0.5)).metrics
     assert metrics.span == pytest.approx([24.0] * 4)
     assert metrics.bubble_rate == pytest.approx(0.0)
 
@@ -139,7 +139,7 @@ VALIDITY_PROBLEMS = {
 @pytest.mark.parametrize("kind", list(VALIDITY_PROBLEMS))
 @pytest.mark.parametrize("name", baseline_names())
 def test_every_baseline_passes_the_validator(name: str, kind: str) -> None:
-    schedule = make_baseline(name, VALIDITY_PROBLEMS[kind])
+    schedule = baseline(name, VALIDITY_PROBLEMS[kind])
     assert validate(schedule) == []
     assert schedule.solver.name == name
     assert schedule.solver.status == "heuristic"
@@ -156,8 +156,7 @@ def test_no_deadlock_for_any_small_size(name: str) -> None:
     for p in range(1, 6):
         for m in range(1, 2 * p + 3):
             problem = uniform_problem(p=p, m=m, t_w=0.5, t_comm=0.1)
-            scheduled, order = baseline_order(name, problem)
-            simulate(scheduled, order)  # raises DeadlockError if the order cannot run
+            simulate(baseline_order(name, problem))  # raises DeadlockError if it cannot run
 
 
 @pytest.mark.parametrize(
@@ -176,7 +175,7 @@ def test_placement_each_baseline_runs_on(
     name: str, placement: str, v: int, expected: tuple[str, int]
 ) -> None:
     problem = uniform_problem(p=4, m=8, placement=placement, v=v, t_comm=0.1)
-    scheduled, _ = baseline_order(name, problem)
+    scheduled = baseline_order(name, problem).problem
     assert (scheduled.placement, scheduled.v) == expected
     assert (scheduled is problem) == (expected == (placement, v))
     # Re-splitting keeps each device's total work.
@@ -187,13 +186,14 @@ def test_placement_each_baseline_runs_on(
 def test_infeasible_names_the_cap_it_needs() -> None:
     problem = uniform_problem(p=4, m=8, cap=5.0, static=2.0)  # 1F1B needs 4 activations + 2
     with pytest.raises(InfeasibleError) as caught:
-        make_baseline("1f1b", problem)
+        baseline("1f1b", problem)
     assert caught.value.min_cap == pytest.approx(6.0)
     assert str(caught.value) == (
-        "1f1b needs 6 (activation + static) on device 0 but its cap is 5; raise --cap to at least 6"
+        "1f1b needs 6 (activation + static) on device 0 but its cap is 5; raise cap to at least 6"
     )
+    assert caught.value.describe(flag).endswith("raise --cap to at least 6")  # as the CLI says
     raised = problem.replace(devices=tuple(Device(cap=6.0, static=2.0) for _ in range(4)))
-    assert fits_cap(make_baseline("1f1b", raised))
+    assert fits_cap(baseline("1f1b", raised))
 
 
 def test_best_baseline_is_the_fastest_that_fits() -> None:
@@ -208,12 +208,12 @@ def test_best_baseline_is_the_fastest_that_fits() -> None:
 
 def test_unknown_name_lists_the_valid_ones() -> None:
     with pytest.raises(ProblemError, match="unknown 'zb-h3'; use one of gpipe, 1f1b"):
-        make_baseline("zb-h3", uniform_problem(p=2, m=2))
-    assert baseline_names() == list(BASELINES)
+        baseline("zb-h3", uniform_problem(p=2, m=2))
+    assert baseline_names() == [name for name, entry in REGISTRY.items() if entry.baseline]
 
 
 def test_zero_bubble_needs_split_backward() -> None:
     problem = uniform_problem(p=2, m=4, split_backward=False)
     with pytest.raises(ProblemError, match="split_backward"):
-        make_baseline("zb-h1", problem)
-    assert make_baseline("1f1b", problem).metrics.makespan > 0
+        baseline("zb-h1", problem)
+    assert baseline("1f1b", problem).metrics.makespan > 0

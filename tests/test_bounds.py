@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pp_opt.baselines import baseline_names, make_baseline
 from pp_opt.bounds import lower_bound
 from pp_opt.errors import PPOptError
+from pp_opt.orders import baseline, baseline_names
 from pp_opt.problem import uniform_problem
 from pp_opt.solvers import solve
 
@@ -55,7 +55,7 @@ def test_bound_below_every_baseline(case, objective):
     checked = 0
     for name in baseline_names():
         try:
-            schedule = make_baseline(name, problem)
+            schedule = baseline(name, problem)
         except PPOptError:
             continue
         bound = lower_bound(schedule.problem, objective)

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import run
+from order_helpers import timed
 
-from pp_opt.cli.export import FORMATS, default_output, export_format
 from pp_opt.errors import ProblemError
+from pp_opt.export import FORMATS, default_output, format_for
 from pp_opt.ops import OpKey, OpKind, Stream
 from pp_opt.problem import uniform_problem
 from pp_opt.schedule import Schedule
 from pp_opt.schedule_io import save_schedule
-from pp_opt.simulator import simulate
 
 _TINY_1F1B = [
     [(OpKind.F, 0), (OpKind.F, 1), (OpKind.B, 0), (OpKind.W, 0), (OpKind.B, 1), (OpKind.W, 1)],
@@ -47,7 +47,7 @@ def test_pictures_from_suffix(tmp_path: Path, suffix: str, magic: bytes, capsys)
     order = {
         (d, Stream.COMPUTE): [OpKey(kind, d, j) for kind, j in _TINY_1F1B[d]] for d in range(2)
     }
-    schedule = simulate(problem, order)
+    schedule = timed(problem, order)
     # ZB-H1's closed form: m (t_f + t_b + t_w) + (p - 1)(t_f + t_b - t_w) = 6 + 1
     assert schedule.metrics.makespan == 7.0
     path = tmp_path / "tiny.json"
@@ -107,12 +107,12 @@ def test_default_output_next_to_the_schedule(schedule_file: Path, capsys) -> Non
 
 
 def test_format_inference() -> None:
-    assert export_format(None, Path("a.CSV")) == "torch-csv"
-    assert export_format(None, Path("a.json")) == "trace"
-    assert export_format("SVG", Path("a.png")) == "svg"  # an explicit format wins
+    assert format_for(Path("a.CSV")) == "torch-csv"
+    assert format_for(Path("a.json")) == "trace"
+    assert format_for(Path("a.png"), "SVG") == "svg"  # an explicit format wins
     assert set(FORMATS) == {"torch-csv", "torch-csv-comms", "trace", "png", "svg"}
-    with pytest.raises(ProblemError, match="--format"):
-        export_format(None, None)
+    with pytest.raises(ProblemError, match="format"):
+        format_for(None, None)
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,8 @@ import pytest
 
 pytest.importorskip("matplotlib", reason="pictures need the plot extra (matplotlib)")
 
+from dataclasses import replace  # noqa: E402
+
 from matplotlib.figure import Figure  # noqa: E402
 
 from pp_opt.errors import PPOptError, ProblemError  # noqa: E402
@@ -132,7 +134,7 @@ def test_profiled_units(loop_schedule: Schedule) -> None:
     gib = 2.0**30
     problem = uniform_problem(p=4, m=8, t_w=0.5, m_b=3 * gib, m_w=gib, t_comm=0.1, unit="bytes")
     problem = problem.replace(extra={"profile": {"time_unit": "ms"}})
-    schedule = simulate(problem, order_of(loop_schedule))
+    schedule = simulate(replace(order_of(loop_schedule), problem=problem))
     ax = plot_memory(schedule)
     lines = {line.get_label(): line for line in ax.get_lines()}
     assert max(lines["device 0"].get_ydata()) == pytest.approx(

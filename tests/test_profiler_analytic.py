@@ -111,7 +111,7 @@ def test_v_placement_and_interleaving() -> None:
     assert problem.stages[0].device == problem.stages[-1].device == 0
     assert problem.unit == "bytes"
     assert problem.extra["profile"]["layout"]["layers"] == [4] * 8
-    loop = profile_problem(model="llama2-7b", hardware="h100-80gb", pp=4, vpp=2,
+    loop = profile_problem(model="llama2-7b", hardware="h100-80gb", pp=4, v=2,
                            microbatches=8)  # fmt: skip
     assert [s.device for s in loop.stages] == [0, 1, 2, 3, 0, 1, 2, 3]
 
@@ -151,9 +151,9 @@ def test_cost_json_is_a_problem_file_and_cli_writes_it(tmp_path, capsys) -> None
             [
                 "profile",
                 "--model",
-                "models/zb-1.5b.toml",
+                "pp_opt/cards/zb-1.5b.toml",
                 "--hardware",
-                "models/a100-80gb.toml",
+                "pp_opt/cards/a100-80gb.toml",
                 "--pp",
                 "8",
                 "--microbatches",
@@ -185,7 +185,7 @@ def test_cli_errors_are_one_line(capsys) -> None:
                        "--microbatches", "24"])  # fmt: skip
     assert code == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: layers: 22 layers") and "\n" not in err
+    assert err.startswith("error: --layers: 22 layers") and "\n" not in err
 
 
 def test_tensor_parallel_groups_share_their_host_links() -> None:

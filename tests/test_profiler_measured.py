@@ -80,7 +80,7 @@ def test_measured_profile_is_a_problem_with_its_environment() -> None:
     assert first["m_in"] == 8 * SEQ * MBS and last["m_in"] == 4 * SEQ * MBS * 256
     # The head keeps its input twice (norm, output layer) and the fp32 log-softmax of the logits.
     assert head["m_b"] == pytest.approx(SEQ * MBS * (2 * 4 * 256 + 8 + 4 * 512), rel=0.01)
-    from pp_opt.profiler.costs import problem_from_costs
+    from pp_opt.problem_io import problem_from_costs
 
     problem = problem_from_costs(data)
     assert problem.extra["profile"]["environment"]["torch"] == torch.__version__

@@ -32,9 +32,9 @@ from torch_pipeline_helpers import (  # noqa: E402
     worker,
 )
 
-from pp_opt.baselines import make_baseline  # noqa: E402
 from pp_opt.errors import ProblemError  # noqa: E402
 from pp_opt.ops import OpKind  # noqa: E402
+from pp_opt.orders import baseline  # noqa: E402
 from pp_opt.problem import Problem, uniform_problem  # noqa: E402
 from pp_opt.runtime import ActivationOffloader, build_pipeline_schedule, check_stages  # noqa: E402
 from pp_opt.schedule import Schedule  # noqa: E402
@@ -65,7 +65,7 @@ def cpsat(problem: Problem) -> Schedule:
 SchedulesBuilder = Callable[[], Schedule]
 
 CASES_P2: dict[str, SchedulesBuilder] = {
-    "1f1b": lambda: make_baseline("1f1b", uniform_problem(p=2, m=4, t_comm=0.1)),
+    "1f1b": lambda: baseline("1f1b", uniform_problem(p=2, m=4, t_comm=0.1)),
     "cpsat-loop": lambda: cpsat(uniform_problem(p=2, m=4, v=2, t_comm=0.1)),
     "cpsat-v": lambda: cpsat(uniform_problem(p=2, m=4, placement="v", v=2, t_comm=0.1)),
     "explicit-uneven": lambda: make_schedule(uneven_problem(), split=True, defer_w=True),
@@ -78,8 +78,8 @@ CASES_P2: dict[str, SchedulesBuilder] = {
     "offload-cpsat": lambda: cpsat(with_copy_costs(uniform_problem(p=2, m=4, t_comm=0.1, cap=1.5))),
 }
 CASES_P4: dict[str, SchedulesBuilder] = {
-    "1f1b": lambda: make_baseline("1f1b", uniform_problem(p=4, m=4, t_comm=0.1)),
-    "zb-h1": lambda: make_baseline("zb-h1", uniform_problem(p=4, m=4, t_comm=0.1)),
+    "1f1b": lambda: baseline("1f1b", uniform_problem(p=4, m=4, t_comm=0.1)),
+    "zb-h1": lambda: baseline("zb-h1", uniform_problem(p=4, m=4, t_comm=0.1)),
     "cpsat-loop": lambda: cpsat(uniform_problem(p=4, m=4, v=2, t_comm=0.1)),
     "cpsat-v": lambda: cpsat(uniform_problem(p=4, m=4, placement="v", v=2, t_comm=0.1)),
     "offload-v": lambda: make_schedule(
@@ -197,7 +197,7 @@ def _stub_stages(problem: Problem, rank: int, stages=None, num_stages=None, grou
 
 
 def test_mismatched_stages_are_refused_naming_what():
-    schedule = make_baseline("1f1b", uniform_problem(p=2, m=4))
+    schedule = baseline("1f1b", uniform_problem(p=2, m=4))
     problem = schedule.problem
     check_stages(schedule, _stub_stages(problem, 1), n_microbatches=4)
     with pytest.raises(ProblemError, match="num_stages=3"):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from order_helpers import timed
 
 from pp_opt.errors import ProblemError
 from pp_opt.ops import OpKey, OpKind, Stream
 from pp_opt.problem import uniform_problem
 from pp_opt.schedule_io import dumps_schedule, loads_schedule, schedule_to_dict
-from pp_opt.simulator import simulate
 
 
 def _schedule():
@@ -22,7 +22,7 @@ def _schedule():
     }  # fmt: skip
     order[(0, Stream.D2H)] = [OpKey(OpKind.OFFLOAD, 0, 0)]
     order[(0, Stream.H2D)] = [OpKey(OpKind.RELOAD, 0, 0)]
-    return simulate(problem, order, fractions={OpKey(OpKind.OFFLOAD, 0, 0): 0.5,
+    return timed(problem, order, fractions={OpKey(OpKind.OFFLOAD, 0, 0): 0.5,
                                                OpKey(OpKind.RELOAD, 0, 0): 0.5})  # fmt: skip
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from order_helpers import timed
 
 from pp_opt.errors import DeadlockError, ProblemError
 from pp_opt.ops import OpKey, OpKind, Stream
 from pp_opt.problem import uniform_problem
-from pp_opt.simulator import order_of, retime, simulate
+from pp_opt.simulator import order_of, retime
 
 K = OpKind
 C = Stream.COMPUTE
@@ -23,7 +24,7 @@ def gpipe_order(p: int, m: int) -> dict:
 @pytest.mark.parametrize(("p", "m"), [(1, 1), (2, 3), (4, 8), (3, 7)])
 def test_gpipe_closed_form(p: int, m: int) -> None:
     problem = uniform_problem(p=p, m=m, t_f=1.0, t_b=1.5, t_w=0.5, m_w=0.3, cap=float(m))
-    schedule = simulate(problem, gpipe_order(p, m))
+    schedule = timed(problem, gpipe_order(p, m))
     t_bw = 2.0
     assert schedule.metrics.makespan == pytest.approx((m + p - 1) * (1.0 + t_bw))
     assert schedule.metrics.busy == [pytest.approx(m * 3.0)] * p
@@ -34,7 +35,7 @@ def test_gpipe_closed_form(p: int, m: int) -> None:
 
 def test_latency_on_cross_device_edges() -> None:
     problem = uniform_problem(p=2, m=1, t_comm=0.25)
-    schedule = simulate(problem, gpipe_order(2, 1))
+    schedule = timed(problem, gpipe_order(2, 1))
     # F0, comm, F1, BW1, comm, BW0
     assert schedule.metrics.makespan == pytest.approx(1 + 0.25 + 1 + 2 + 0.25 + 2)
     assert schedule.metrics.span == [pytest.approx(6.5), pytest.approx(3.0)]
@@ -63,9 +64,9 @@ def test_offload_frees_memory_and_shared_link_serialises() -> None:
         for d in range(2)
         for j in range(3)
     ]
-    eager = simulate(problem, offload_order(2, 3))
-    own_links = simulate(problem, offload_order(2, 3), waits=waits)
-    shared = simulate(problem.replace(host_links=((0, 1),)), offload_order(2, 3), waits=waits)
+    eager = timed(problem, offload_order(2, 3))
+    own_links = timed(problem, offload_order(2, 3), waits=waits)
+    shared = timed(problem.replace(host_links=((0, 1),)), offload_order(2, 3), waits=waits)
     # GPipe holds all 3 activations; offloading each keeps at most 2, unless reloads
     # start as soon as their offload ends
     assert eager.metrics.peak_memory == [3.0, 3.0]
@@ -91,7 +92,7 @@ def test_deadlock_names_the_waiting_ops() -> None:
     order[(0, C)] += [OpKey(K.W, 0, 0), OpKey(K.W, 0, 1)]
     order[(1, C)] += [OpKey(K.W, 1, 0), OpKey(K.W, 1, 1)]
     with pytest.raises(DeadlockError) as err:
-        simulate(problem, order)
+        timed(problem, order)
     message = str(err.value)
     assert "B(stage=0, mb=1)" in message and "waits for" in message
 
@@ -101,17 +102,17 @@ def test_wrong_order_contents_are_rejected() -> None:
     order = gpipe_order(2, 1)
     order[(0, C)] = order[(0, C)][:1]
     with pytest.raises(ProblemError, match="missing"):
-        simulate(problem, order)
+        timed(problem, order)
     order = gpipe_order(2, 1)
     order[(0, C)] = order[(0, C)][1:]
     order[(1, C)] = [OpKey(K.F, 0, 0)] + order[(1, C)]
     with pytest.raises(ProblemError, match="runs on device 0"):
-        simulate(problem, order)
+        timed(problem, order)
 
 
 def test_retime_reproduces_the_schedule() -> None:
     problem = uniform_problem(p=3, m=5, t_comm=0.1)
-    schedule = simulate(problem, gpipe_order(3, 5))
+    schedule = timed(problem, gpipe_order(3, 5))
     again = retime(schedule)
     assert set(again.ops) == set(schedule.ops)
     assert order_of(again) == order_of(schedule)

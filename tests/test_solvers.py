@@ -7,12 +7,13 @@ import random
 
 import pytest
 
-from pp_opt.dag import build_dag
+from pp_opt.bounds import min_feasible_cap
+from pp_opt.dag import dag_for
 from pp_opt.errors import InfeasibleError
 from pp_opt.ops import OpKind
 from pp_opt.problem import Device, Problem, Stage, uniform_problem
 from pp_opt.simulator import retime
-from pp_opt.solvers import min_feasible_cap, solve
+from pp_opt.solvers import solve
 from pp_opt.solvers.base import SolveOptions
 from pp_opt.solvers.cpsat import solve_cpsat
 from pp_opt.validator import validate
@@ -103,7 +104,7 @@ def test_infeasible_cap_reports_the_minimum():
         solve(short, time_limit=5)
     assert info.value.min_cap == pytest.approx(1.0)
     # The model itself agrees that nothing fits below the minimum (no shortcut taken).
-    backend = solve_cpsat(short, build_dag(short), SolveOptions(time_limit=5, threads=1))
+    backend = solve_cpsat(short, dag_for(short), SolveOptions(time_limit=5, threads=1))
     assert backend.status == "infeasible"
 
 
@@ -184,7 +185,7 @@ def test_cli_infeasible_cap_exits_2(tmp_path, capsys):
 
 def test_offload_halves_memory_at_classic_speed():
     # Copies take a sixth of a microbatch's compute: ZB-H1's timing at half its memory.
-    from pp_opt.baselines import make_baseline
+    from pp_opt.orders import baseline
 
     def problem_at(cap: float, offload: bool) -> Problem:
         stages = tuple(
@@ -194,7 +195,7 @@ def test_offload_halves_memory_at_classic_speed():
         devices = tuple(Device(cap=cap) for _ in range(4))
         return Problem(p=4, m=8, stages=stages, devices=devices, t_comm=0.05, offload=offload)
 
-    reference = make_baseline("zb-h1", problem_at(4.0, False)).metrics.makespan
+    reference = baseline("zb-h1", problem_at(4.0, False)).metrics.makespan
     problem = problem_at(2.0, True)
     result = solve(problem, time_limit=3)
     assert any(op.kind is OpKind.OFFLOAD for op in result.schedule.ops)

@@ -12,14 +12,15 @@ import random
 
 import pytest
 
-from pp_opt.dag import build_dag
+from pp_opt.dag import dag_for
 from pp_opt.metrics import compute_metrics
+from pp_opt.order import Variant
+from pp_opt.orders import best_baseline
 from pp_opt.problem import Device, Problem, Stage, uniform_problem
-from pp_opt.schedule import Schedule, SolverInfo
+from pp_opt.schedule import Schedule, SolverInfo, Status
 from pp_opt.solvers import solve
 from pp_opt.solvers.base import SolveOptions
 from pp_opt.solvers.milp import solve_milp
-from pp_opt.solvers.warm_start import best_baseline
 from pp_opt.validator import check_schedule
 
 LIMIT = 20.0
@@ -95,14 +96,15 @@ CASES = [
 
 def _milp(problem: Problem, objective: str, **kwargs: object) -> tuple[float, str]:
     options = SolveOptions(time_limit=LIMIT, objective=objective)
-    result = solve_milp(problem, build_dag(problem), options, **kwargs)  # type: ignore[arg-type]
+    result = solve_milp(problem, dag_for(problem), options, **kwargs)  # type: ignore[arg-type]
     assert result.objective is not None
     return result.objective, result.status
 
 
 def _schedule(problem: Problem, ops: tuple) -> Schedule:
-    info = SolverInfo(name="milp", status="feasible", objective=0.0)
-    return Schedule(problem=problem, ops=ops, solver=info, metrics=compute_metrics(problem, ops))
+    info = SolverInfo(name="milp", status=Status.FEASIBLE, objective=0.0)
+    return Schedule(problem=problem, ops=ops, solver=info, metrics=compute_metrics(problem, ops),
+                    variant=Variant.of_problem(problem))  # fmt: skip
 
 
 @pytest.mark.parametrize(("make", "objective", "fractions", "optimum"), CASES)
@@ -164,11 +166,10 @@ def test_symmetry_breaking_keeps_the_optimum(make) -> None:
 @pytest.mark.parametrize("limit", [0.01, 3.0])
 def test_milp_is_valid_and_never_worse_than_its_warm_start(limit: float) -> None:
     problem = uniform_problem(p=4, m=8, t_f=1.0, t_b=1.1, t_w=0.7, m_w=0.3, t_comm=0.1, cap=4.0)
-    found = best_baseline(problem, "makespan")
-    assert found is not None
-    warm = found[1]
+    warm = best_baseline(problem)
+    assert warm is not None
     options = SolveOptions(time_limit=limit, objective="makespan", warm_start=warm)
-    result = solve_milp(problem, build_dag(problem), options)
+    result = solve_milp(problem, dag_for(problem), options)
     assert result.ops is not None and result.objective is not None
     assert result.status in ("optimal", "feasible")
     assert result.objective <= warm.metrics.makespan + 1e-9
@@ -182,8 +183,8 @@ def test_milp_is_valid_and_never_worse_than_its_warm_start(limit: float) -> None
 def test_milp_same_seed_same_schedule(backend: str) -> None:
     problem = _offload_p2()
     options = SolveOptions(time_limit=LIMIT, objective="makespan", seed=3)
-    first = solve_milp(problem, build_dag(problem), options, backend=backend)
-    second = solve_milp(problem, build_dag(problem), options, backend=backend)
+    first = solve_milp(problem, dag_for(problem), options, backend=backend)
+    second = solve_milp(problem, dag_for(problem), options, backend=backend)
     assert first.ops == second.ops
 
 
@@ -192,7 +193,7 @@ def test_milp_reports_an_infeasible_cap() -> None:
     devices = tuple(dataclasses.replace(d, cap=0.9) for d in problem.devices)
     options = SolveOptions(time_limit=LIMIT, objective="makespan")
     tight = problem.replace(devices=devices)
-    result = solve_milp(tight, build_dag(tight), options)
+    result = solve_milp(tight, dag_for(tight), options)
     assert result.status == "infeasible"
     assert result.ops is None
 
@@ -202,7 +203,7 @@ def test_milp_reports_progress(backend: str) -> None:
     problem = _loop_p2()
     seen: list = []
     options = SolveOptions(time_limit=LIMIT, objective="makespan", progress=seen.append)
-    result = solve_milp(problem, build_dag(problem), options, backend=backend)
+    result = solve_milp(problem, dag_for(problem), options, backend=backend)
     assert len(seen) >= 2
     assert seen[0].objective is None  # no warm start: nothing known at the start
     assert seen[-1].objective == pytest.approx(result.objective)
@@ -228,11 +229,10 @@ def _random_problem(seed: int) -> Problem:
 @pytest.mark.parametrize("seed", range(3))
 def test_warm_start_guarantee_on_random_instances(seed: int, backend: str) -> None:
     problem = _random_problem(seed)
-    found = best_baseline(problem, "makespan")
-    assert found is not None
-    warm = found[1]
+    warm = best_baseline(problem)
+    assert warm is not None
     options = SolveOptions(time_limit=1.0, objective="makespan", warm_start=warm, seed=seed)
-    result = solve_milp(problem, build_dag(problem), options, backend=backend)
+    result = solve_milp(problem, dag_for(problem), options, backend=backend)
     assert result.ops is not None and result.objective is not None
     assert result.objective <= warm.metrics.makespan + 1e-9
     check_schedule(_schedule(problem, result.ops))
@@ -248,7 +248,7 @@ def test_milp_in_bytes_matches_milp_in_activations() -> None:
     devices = tuple(Device(cap=(d.cap + 3.0) * gib, static=3.0 * gib) for d in base.devices)
     in_bytes = base.replace(stages=stages, devices=devices, unit="bytes")
     options = SolveOptions(time_limit=LIMIT, objective="makespan")
-    result = solve_milp(in_bytes, build_dag(in_bytes), options)
+    result = solve_milp(in_bytes, dag_for(in_bytes), options)
     assert result.status == "optimal" and result.ops is not None
     assert result.objective == pytest.approx(_milp(base, "makespan")[0], abs=1e-6)
     check_schedule(_schedule(in_bytes, result.ops))

@@ -199,13 +199,14 @@ def _producers(kind: str, stage: int, mb: int) -> set[str]:
 
 
 def test_recompute_schedule_is_refused():
+    from order_helpers import timed
+
     from pp_opt.ops import OpKey, OpKind
-    from pp_opt.simulator import simulate
 
     problem = uniform_problem(p=1, m=2, recompute=True)
     keys = [(OpKind.F, 0), (OpKind.F, 1), (OpKind.R, 0), (OpKind.B, 0), (OpKind.W, 0),
             (OpKind.R, 1), (OpKind.B, 1), (OpKind.W, 1)]  # fmt: skip
     order = {(0, Stream.COMPUTE): [OpKey(kind, 0, mb) for kind, mb in keys]}
-    schedule = simulate(problem, order)
+    schedule = timed(problem, order)
     with pytest.raises(PPOptError, match="recompute"):
         torch_csv_rows(schedule)

@@ -8,15 +8,14 @@ from collections import defaultdict
 from dataclasses import replace
 
 import pytest
+from order_helpers import timed
 
-from pp_opt.errors import ValidationError
 from pp_opt.metrics import compute_metrics
 from pp_opt.ops import OpKey, OpKind, Stream, stream_of
 from pp_opt.problem import Problem, uniform_problem
 from pp_opt.schedule import Schedule, ScheduledOp
 from pp_opt.schedule_io import dumps_schedule, loads_schedule, schedule_from_dict
-from pp_opt.simulator import simulate
-from pp_opt.validator import RULES, Violation, check_schedule, validate
+from pp_opt.validator import RULES, ValidationError, Violation, check_schedule, validate
 
 F, B, W, BW = OpKind.F, OpKind.B, OpKind.W, OpKind.BW
 OFFLOAD, RELOAD, R = OpKind.OFFLOAD, OpKind.RELOAD, OpKind.R
@@ -105,14 +104,14 @@ def only(violations: list[Violation], rule: str) -> Violation:
 def split_schedule() -> Schedule:
     """GPipe with B/W split on p = 2, m = 3, unit costs: F(0, j) runs j..j+1, B(1, 0) 4..5."""
     problem = uniform_problem(p=2, m=3)
-    return simulate(problem, gpipe_order(problem))
+    return timed(problem, gpipe_order(problem))
 
 
 @pytest.fixture
 def offload_schedule() -> Schedule:
     """GPipe on p = 2, m = 3 where every activation is offloaded (copies take 0.5)."""
     problem = offload_problem()
-    return simulate(problem, gpipe_order(problem, offload=True))
+    return timed(problem, gpipe_order(problem, offload=True))
 
 
 # --- valid schedules ----------------------------------------------------------------------
@@ -148,7 +147,7 @@ def _valid_cases() -> dict[str, tuple[Problem, dict]]:
 @pytest.mark.parametrize("case", sorted(_valid_cases()))
 def test_valid_schedule_passes(case: str) -> None:
     problem, order = _valid_cases()[case]
-    schedule = simulate(problem, order)
+    schedule = timed(problem, order)
     assert validate(schedule) == []
     assert check_schedule(schedule) is schedule
 
@@ -161,7 +160,7 @@ def test_partial_offload_fraction_passes() -> None:
     problem = offload_problem(t_copy=1.0)
     order = gpipe_order(problem, offload=True)
     halves = {OpKey(kind, 0, 1): 0.5 for kind in (OFFLOAD, RELOAD)}
-    schedule = simulate(problem, order, fractions=halves)
+    schedule = timed(problem, order, fractions=halves)
     assert op_of(schedule, OFFLOAD, 0, 1).duration == pytest.approx(0.5)
     assert validate(schedule) == []
 
@@ -169,8 +168,8 @@ def test_partial_offload_fraction_passes() -> None:
 def test_shared_link_really_serialises_copies() -> None:
     """The shared-link case above is not vacuous: without the link its copies overlap."""
     linked = offload_problem(t_copy=1.5, host_links=((0, 1),))
-    alone = simulate(linked.replace(host_links=()), gpipe_order(linked, offload=True))
-    together = simulate(linked, gpipe_order(linked, offload=True))
+    alone = timed(linked.replace(host_links=()), gpipe_order(linked, offload=True))
+    together = timed(linked, gpipe_order(linked, offload=True))
     assert together.metrics.makespan > alone.metrics.makespan
 
 
@@ -180,7 +179,7 @@ def test_frees_come_before_allocations_at_equal_times() -> None:
     order = {
         (0, Stream.COMPUTE): [OpKey(F, 0, 0), OpKey(BW, 0, 0), OpKey(F, 0, 1), OpKey(BW, 0, 1)]
     }
-    schedule = simulate(problem, order)
+    schedule = timed(problem, order)
     assert op_of(schedule, BW, 0, 0).end == op_of(schedule, F, 0, 1).start == 3.0
     assert validate(schedule) == []
     lower = problem.replace(devices=(replace(problem.devices[0], cap=0.75),))
@@ -269,7 +268,7 @@ def test_negative_start(split_schedule: Schedule) -> None:
 
 def test_dependency_with_latency() -> None:
     problem = uniform_problem(p=2, m=3, t_comm=0.5)
-    schedule = simulate(problem, gpipe_order(problem))
+    schedule = timed(problem, gpipe_order(problem))
     f = op_of(schedule, F, 1, 0)
     assert f.start == 1.5  # F(0, 0) ends at 1, plus t_comm
     v = only(validate(swapped(schedule, f, shifted(f, -0.25))), "dependency")
@@ -289,7 +288,7 @@ def test_link_overlap() -> None:
     # Timed without the shared link, then checked against it: d2h copies of the two devices
     # overlap. Device 0 offloads at 1..2.5, 2.5..4, 4..5.5; device 1 at 2..3.5, 3.5..5, 5..6.5.
     linked = offload_problem(t_copy=1.5, host_links=((0, 1),))
-    alone = simulate(linked.replace(host_links=()), gpipe_order(linked, offload=True))
+    alone = timed(linked.replace(host_links=()), gpipe_order(linked, offload=True))
     assert validate(alone) == []
     found = validate(replace(alone, problem=linked))
     assert rules(found) == {"link_overlap"}
@@ -307,7 +306,7 @@ def test_memory_cap() -> None:
     # GPipe keeps all m = 3 activations: device 0 reaches 3 when F(0, 2) starts at 2,
     # device 1 when F(1, 2) starts at 3; the cap is 2.
     problem = uniform_problem(p=2, m=3, cap=2.0)
-    found = validate(simulate(problem, gpipe_order(problem)))
+    found = validate(timed(problem, gpipe_order(problem)))
     assert [(v.rule, v.op, v.device, v.amount) for v in found] == [
         ("memory", OpKey(F, 0, 2), 0, 1.0),
         ("memory", OpKey(F, 1, 2), 1, 1.0),
@@ -318,7 +317,7 @@ def test_memory_cap() -> None:
 def test_memory_counts_static_and_recompute() -> None:
     # With recompute every F keeps only m_in = 0.25; R brings back 0.75 just before B.
     base = with_costs(uniform_problem(p=1, m=2, recompute=True, static=1.0), m_in=0.25)
-    schedule = simulate(base, gpipe_order(base, recompute=True))
+    schedule = timed(base, gpipe_order(base, recompute=True))
     assert schedule.metrics.peak_memory == [1.0 + 0.25 + 1.0]  # static, F(0, 1) input, R(0, 0)
     tight = replace(schedule, problem=base.replace(devices=(replace(base.devices[0], cap=2.0),)))
     v = only(validate(tight), "memory")
@@ -345,7 +344,7 @@ def test_fraction_outside_range(offload_schedule: Schedule) -> None:
     assert (v.op, v.amount) == (f.key, 0.5)
     problem = offload_schedule.problem
     too_much = {OpKey(kind, 0, 2): 1.25 for kind in (OFFLOAD, RELOAD)}
-    found = validate(simulate(problem, gpipe_order(problem, offload=True), fractions=too_much))
+    found = validate(timed(problem, gpipe_order(problem, offload=True), fractions=too_much))
     assert [(v.rule, v.op, v.amount) for v in found] == [
         ("fraction", OpKey(OFFLOAD, 0, 2), 0.25),
         ("fraction", OpKey(RELOAD, 0, 2), 0.25),
@@ -362,7 +361,7 @@ def test_offload_not_allowed(offload_schedule: Schedule) -> None:
 
 def test_recompute_not_allowed() -> None:
     problem = with_costs(uniform_problem(p=2, m=2, recompute=True), m_in=0.25)
-    schedule = simulate(problem, gpipe_order(problem, recompute=frozenset({(1, 0)})))
+    schedule = timed(problem, gpipe_order(problem, recompute=frozenset({(1, 0)})))
     found = validate(replace(schedule, problem=problem.replace(recompute=False)))
     v = only(found, "recompute_disabled")
     assert (v.op, v.device, v.amount) == (OpKey(R, 1, 0), 1, 0.75)
@@ -371,7 +370,7 @@ def test_recompute_not_allowed() -> None:
 def test_offload_and_recompute_together() -> None:
     problem = offload_problem(recompute=True)
     order = gpipe_order(problem, offload=True, recompute=frozenset({(0, 0)}))
-    v = only(validate(simulate(problem, order)), "offload_and_recompute")
+    v = only(validate(timed(problem, order)), "offload_and_recompute")
     assert (v.op, v.device, v.amount) == (OpKey(OFFLOAD, 0, 0), 0, 1.0)
 
 
@@ -433,7 +432,7 @@ def test_violation_reads_as_one_line() -> None:
 
 def test_every_reported_rule_is_documented(split_schedule: Schedule) -> None:
     problem = uniform_problem(p=2, m=3, cap=2.0)
-    schedule = simulate(problem, gpipe_order(problem))
+    schedule = timed(problem, gpipe_order(problem))
     schedule = replace(schedule, metrics=replace(schedule.metrics, makespan=0.0))
     assert rules(validate(schedule)) <= set(RULES)
 

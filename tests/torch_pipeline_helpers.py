@@ -10,11 +10,12 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from order_helpers import timed
+
 from pp_opt.dag import build_dag
 from pp_opt.ops import OpKey, OpKind, Stream, duration, stream_of
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule
-from pp_opt.simulator import simulate
 
 WIDTH = 6
 MICROBATCH_ROWS = 2
@@ -108,7 +109,7 @@ def make_schedule(
     offload = list(offload)
     if offload:
         order = with_offload(problem, order, offload)
-    return simulate(problem, order)
+    return timed(problem, order)
 
 
 # ---------------------------------------------------------------- the model

@@ -7,6 +7,7 @@ import sys
 
 import typer
 
+from pp_opt.cli.common import flag
 from pp_opt.errors import PPOptError
 
 app = typer.Typer(
@@ -32,10 +33,12 @@ for _name in _COMMAND_MODULES:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: errors pp_opt raises on purpose become one line and a non-zero exit.
 
+    Library errors name Python arguments; here they name the flags
+    (:data:`pp_opt.cli.common.FLAGS`).
     Usage errors are typer's own (exit 2); anything else is a bug and keeps its traceback.
     """
     try:
         app(args=argv, prog_name="pp-opt")
     except PPOptError as err:
-        typer.echo(f"error: {err}", err=True)
+        typer.echo(f"error: {err.describe(flag)}", err=True)
         sys.exit(err.exit_code)

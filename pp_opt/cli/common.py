@@ -1,4 +1,4 @@
-"""Options shared by several commands, and applying them to a problem."""
+"""Options shared by several commands, the flag of each library argument, and overrides."""
 
 from __future__ import annotations
 
@@ -9,13 +9,60 @@ import typer
 from pp_opt.problem import Device, Problem
 from pp_opt.problem_io import load_problem, resplit
 
+FLAGS = {
+    "bytes_per_param": "--bytes-per-param",
+    "cap": "--cap",
+    "drop_offload": "--drop-offload",
+    "format": "--format",
+    "hardware": "--hardware",
+    "layers": "--layers",
+    "mbs": "--mbs",
+    "measure": "--measure",
+    "microbatches": "--microbatches",
+    "model": "--model",
+    "name": "NAME",
+    "objective": "--objective",
+    "offload": "--offload",
+    "output": "--output",
+    "placement": "--placement",
+    "pp": "--pp",
+    "recompute": "--recompute",
+    "repeats": "--repeats",
+    "seed": "--seed",
+    "seq": "--seq",
+    "solver": "--solver",
+    "threads": "--threads",
+    "time_limit": "--time-limit",
+    "tp": "--tp",
+    "v": "--v",
+}
+"""The flag (or argument) of each library argument name, for one-line errors."""
+
+
+def flag(name: str) -> str:
+    """The command-line spelling of a library argument (the name itself when it has none)."""
+    return FLAGS.get(name, name)
+
+
 CapOption = typer.Option(None, "--cap", help="Memory cap of every device (problem's unit).")
 PlacementOption = typer.Option(
     None, "--placement", help="Re-split each device into chunks: loop or v."
 )
-ChunksOption = typer.Option(None, "--chunks", help="Chunks per device for --placement (v = 2).")
+VOption = typer.Option(None, "--v", help="Chunks per device (with --placement; v placement: 2).")
+ChunksAlias = typer.Option(None, "--chunks", hidden=True, help="Former name of --v.")
+VppAlias = typer.Option(None, "--vpp", hidden=True, help="Former name of --v.")
 ObjectiveOption = typer.Option(None, "--objective", help="makespan or span.")
 QuietOption = typer.Option(False, "--quiet", "-q", help="No progress output.")
+
+
+def chunks_per_device(v: int | None, **former: int | None) -> int | None:
+    """``--v``, or a value given under a former flag name (with a one-line warning)."""
+    for name, value in former.items():
+        if value is not None:
+            typer.echo(f"warning: --{name} is deprecated; use --v", err=True)
+            if v is None:
+                v = value
+    return v
 
 
 def problem_with_overrides(
@@ -23,17 +70,17 @@ def problem_with_overrides(
     *,
     cap: float | None = None,
     placement: str | None = None,
-    chunks: int | None = None,
+    v: int | None = None,
     objective: str | None = None,
     offload: bool | None = None,
     recompute: bool | None = None,
 ) -> Problem:
     """Load a problem file and apply the command-line overrides to it (each one checked)."""
     problem = load_problem(path)
-    if placement is not None or chunks is not None:
+    if placement is not None or v is not None:
         target = placement or ("loop" if problem.placement == "explicit" else problem.placement)
-        v = chunks if chunks is not None else (2 if target == "v" else problem.v)
-        problem = resplit(problem, target, v)
+        chunks = v if v is not None else (2 if target == "v" else problem.v)
+        problem = resplit(problem, target, chunks)
     return apply_overrides(
         problem, cap=cap, objective=objective, offload=offload, recompute=recompute
     )

@@ -8,9 +8,11 @@ import typer
 
 from pp_opt.cli.common import (
     CapOption,
-    ChunksOption,
+    ChunksAlias,
     ObjectiveOption,
     PlacementOption,
+    VOption,
+    chunks_per_device,
     problem_with_overrides,
 )
 
@@ -21,16 +23,18 @@ def baseline(
     output: Path | None = typer.Option(None, "-o", "--output", help="Write schedule JSON."),
     cap: float | None = CapOption,
     placement: str | None = PlacementOption,
-    chunks: int | None = ChunksOption,
+    v: int | None = VOption,
+    chunks: int | None = ChunksAlias,
     objective: str | None = ObjectiveOption,
 ) -> None:
     """Time a classic schedule on a problem, validate it, and show or save it."""
-    from pp_opt.api import run_baseline
+    from pp_opt.orders import baseline as run_baseline
     from pp_opt.report import metrics_table
 
     problem = problem_with_overrides(
-        problem_path, cap=cap, placement=placement, chunks=chunks, objective=objective
-    )
+        problem_path, cap=cap, placement=placement, v=chunks_per_device(v, chunks=chunks),
+        objective=objective,
+    )  # fmt: skip
     schedule = run_baseline(name, problem)
     typer.echo(metrics_table(schedule))
     if output is not None:

@@ -1,4 +1,5 @@
-"""``pp-opt profile``: stage costs of a model on a GPU at a parallel layout, as cost JSON."""
+"""``pp-opt profile`` (stage costs of a model on a GPU at a parallel layout, as cost JSON) and
+``pp-opt models`` (the bundled cards)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from pp_opt.cli.common import VppAlias, chunks_per_device
 from pp_opt.errors import ProblemError
 
 
@@ -23,8 +25,9 @@ def profile(
     model: Path = typer.Option(..., "--model", help="Model card TOML (or bundled name)."),
     hardware: Path = typer.Option(..., "--hardware", help="Hardware card TOML (or name)."),
     pp: int = typer.Option(..., "--pp", help="Pipeline size (devices)."),
-    vpp: int = typer.Option(1, "--vpp", help="Chunks per device."),
-    placement: str = typer.Option("loop", "--placement", help="loop or v (v implies vpp 2)."),
+    v: int | None = typer.Option(None, "--v", help="Chunks per device (default 1; v placement 2)."),
+    vpp: int | None = VppAlias,
+    placement: str = typer.Option("loop", "--placement", help="loop or v (implies --v 2)."),
     microbatches: int = typer.Option(..., "--microbatches", "-m", help="Microbatches."),
     mbs: int = typer.Option(1, "--mbs", help="Microbatch size (sequences)."),
     seq: int | None = typer.Option(None, "--seq", help="Sequence length (card default)."),
@@ -41,8 +44,9 @@ def profile(
     from pp_opt.profiler import profile_costs
     from pp_opt.profiler.costs import costs_table
 
+    chunks = chunks_per_device(v, vpp=vpp) or 1
     data = profile_costs(
-        model=str(model), hardware=str(hardware), pp=pp, vpp=vpp, placement=placement,
+        model=str(model), hardware=str(hardware), pp=pp, v=chunks, placement=placement,
         microbatches=microbatches, mbs=mbs, seq=seq, tp=tp, layers=_layers(layers),
         measure=measure, recompute=recompute, bytes_per_param=bytes_per_param, repeats=repeats,
         threads=threads,
@@ -53,5 +57,16 @@ def profile(
         typer.echo(f"wrote {output}")
 
 
+def models() -> None:
+    """List the bundled model and hardware cards (use their names with --model/--hardware)."""
+    from pp_opt.cards import card_infos
+
+    infos = card_infos()
+    width = max(len(info.name) for info in infos)
+    for info in infos:
+        typer.echo(f"{info.name:<{width}}  {info.kind:<8}  {info.description}")
+
+
 def register(app: typer.Typer) -> None:
     app.command()(profile)
+    app.command()(models)

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from pp_opt.cli.common import (
     CapOption,
-    ChunksOption,
+    ChunksAlias,
     ObjectiveOption,
     PlacementOption,
     QuietOption,
+    VOption,
+    VppAlias,
     apply_overrides,
+    chunks_per_device,
     problem_with_overrides,
 )
 from pp_opt.errors import PPOptError, ProblemError
 from pp_opt.problem import Problem
+from pp_opt.schedule import Schedule
 from pp_opt.solvers.base import Progress
 
 SolverOption = typer.Option("cpsat", "--solver", help="cpsat, milp (CBC) or milp-highs.")
@@ -27,7 +33,7 @@ OffloadOption = typer.Option(None, "--offload/--no-offload", help="Allow activat
 RecomputeOption = typer.Option(None, "--recompute/--no-recompute", help="Allow recompute.")
 
 
-def _progress_printer(quiet: bool):  # noqa: ANN202 - a callback or None
+def _progress_printer(quiet: bool) -> Callable[[Progress], None] | None:
     if quiet:
         return None
 
@@ -36,9 +42,8 @@ def _progress_printer(quiet: bool):  # noqa: ANN202 - a callback or None
         if update.objective and update.bound is not None:
             gap = f"{max(0.0, (update.objective - update.bound) / update.objective):.2%}"
         bound = "-" if update.bound is None else f"{update.bound:.6g}"
-        typer.echo(
-            f"{update.seconds:8.2f} s  incumbent {update.objective:.6g}  bound {bound}  gap {gap}"
-        )
+        incumbent = "-" if update.objective is None else f"{update.objective:.6g}"
+        typer.echo(f"{update.seconds:8.2f} s  incumbent {incumbent}  bound {bound}  gap {gap}")
 
     return show
 
@@ -46,10 +51,10 @@ def _progress_printer(quiet: bool):  # noqa: ANN202 - a callback or None
 def _load(
     problem_path: Path | None,
     *,
-    profile: dict,
+    profile: dict[str, Any],
     cap: float | None,
     placement: str | None,
-    chunks: int | None,
+    v: int | None,
     objective: str | None,
     offload: bool | None,
     recompute: bool | None,
@@ -59,7 +64,7 @@ def _load(
         if profile["model"] is not None or profile["hardware"] is not None:
             raise ProblemError("PROBLEM", "give a problem file or --model/--hardware, not both")
         return problem_with_overrides(
-            problem_path, cap=cap, placement=placement, chunks=chunks,
+            problem_path, cap=cap, placement=placement, v=v,
             objective=objective, offload=offload, recompute=recompute,
         )  # fmt: skip
     missing = [k for k in ("model", "hardware", "pp", "microbatches") if profile[k] is None]
@@ -71,9 +76,9 @@ def _load(
     from pp_opt.profiler import profile_problem
 
     target = placement or "loop"
-    vpp = chunks or profile["vpp"] or (2 if target == "v" else 1)
     problem = profile_problem(
-        model=profile["model"], hardware=profile["hardware"], pp=profile["pp"], vpp=vpp,
+        model=profile["model"], hardware=profile["hardware"], pp=profile["pp"],
+        v=v or (2 if target == "v" else 1),
         placement=target, microbatches=profile["microbatches"], mbs=profile["mbs"],
         seq=profile["seq"], tp=profile["tp"], measure=profile["measure"],
     )  # fmt: skip
@@ -93,7 +98,8 @@ def solve(
     objective: str | None = ObjectiveOption,
     cap: float | None = CapOption,
     placement: str | None = PlacementOption,
-    chunks: int | None = ChunksOption,
+    v: int | None = VOption,
+    chunks: int | None = ChunksAlias,
     offload: bool | None = OffloadOption,
     recompute: bool | None = RecomputeOption,
     output: Path | None = typer.Option(None, "-o", "--output", help="Write schedule JSON."),
@@ -101,7 +107,7 @@ def solve(
     model: str | None = typer.Option(None, "--model", help="Model card (instead of PROBLEM)."),
     hardware: str | None = typer.Option(None, "--hardware", help="Hardware card."),
     pp: int | None = typer.Option(None, "--pp", help="Pipeline size (devices)."),
-    vpp: int | None = typer.Option(None, "--vpp", help="Chunks per device."),
+    vpp: int | None = VppAlias,
     microbatches: int | None = typer.Option(None, "--microbatches", "-m", help="Microbatches."),
     mbs: int = typer.Option(1, "--mbs", help="Microbatch size."),
     seq: int | None = typer.Option(None, "--seq", help="Sequence length."),
@@ -112,9 +118,10 @@ def solve(
     from pp_opt.report import metrics_table
     from pp_opt.solvers import solve as run_solver
 
-    profile = dict(model=model, hardware=hardware, pp=pp, vpp=vpp, microbatches=microbatches,
+    profile = dict(model=model, hardware=hardware, pp=pp, microbatches=microbatches,
                    mbs=mbs, seq=seq, tp=tp, measure=measure)  # fmt: skip
-    problem = _load(problem_path, profile=profile, cap=cap, placement=placement, chunks=chunks,
+    chunks_v = chunks_per_device(v, chunks=chunks, vpp=vpp)
+    problem = _load(problem_path, profile=profile, cap=cap, placement=placement, v=chunks_v,
                     objective=objective, offload=offload, recompute=recompute)  # fmt: skip
     result = run_solver(
         problem, solver=solver, time_limit=time_limit, threads=threads, seed=seed,
@@ -138,23 +145,22 @@ def solve(
         typer.echo(f"wrote {output}")
 
 
-def compare_rows(problem: Problem, result_schedule=None) -> list[list[str]]:  # noqa: ANN001
+def compare_rows(problem: Problem, result_schedule: Schedule | None = None) -> list[list[str]]:
     """One row per classic schedule (or why it has none), then the solver's if given."""
-    from pp_opt.api import run_baseline
-    from pp_opt.baselines import baseline_names
+    from pp_opt.cli.common import flag
     from pp_opt.errors import InfeasibleError
-    from pp_opt.solvers.warm_start import same_placement
+    from pp_opt.orders import baseline, baseline_names
+    from pp_opt.orders.common import same_placement
 
     rows = []
     for name in baseline_names():
         try:
-            schedule = run_baseline(name, problem)
+            schedule = baseline(name, problem)
         except InfeasibleError as err:
-            need = "?" if err.min_cap is None else f"{err.min_cap:.4g}"
-            rows.append([name, f"over cap (needs {need})"])
+            rows.append([name, f"over cap (needs {err.min_cap:.4g})"])
             continue
         except PPOptError as err:
-            rows.append([name, f"n/a: {err}"[:60]])
+            rows.append([name, f"n/a: {err.describe(flag)}"[:60]])
             continue
         label = name
         if not same_placement(schedule.problem, problem):
@@ -166,7 +172,7 @@ def compare_rows(problem: Problem, result_schedule=None) -> list[list[str]]:  # 
     return rows
 
 
-def _metrics_row(label: str, schedule) -> list[str]:  # noqa: ANN001
+def _metrics_row(label: str, schedule: Schedule) -> list[str]:
     m, info = schedule.metrics, schedule.solver
     gap = "-" if info.gap is None else f"{info.gap:.2%}"
     return [label, f"{m.makespan:.6g}", f"{max(m.span):.6g}", f"{m.bubble_rate:.4f}",
@@ -182,7 +188,8 @@ def compare(
     objective: str | None = ObjectiveOption,
     cap: float | None = CapOption,
     placement: str | None = PlacementOption,
-    chunks: int | None = ChunksOption,
+    v: int | None = VOption,
+    chunks: int | None = ChunksAlias,
     offload: bool | None = OffloadOption,
     recompute: bool | None = RecomputeOption,
     quiet: bool = QuietOption,
@@ -191,7 +198,7 @@ def compare(
     from pp_opt.solvers import solve as run_solver
 
     problem = problem_with_overrides(
-        problem_path, cap=cap, placement=placement, chunks=chunks,
+        problem_path, cap=cap, placement=placement, v=chunks_per_device(v, chunks=chunks),
         objective=objective, offload=offload, recompute=recompute,
     )  # fmt: skip
     result = run_solver(problem, solver=solver, time_limit=time_limit, threads=threads,

@@ -133,8 +133,8 @@ def _refuse_offload(schedule: Schedule, drop_offload: bool) -> None:
         "OFFLOAD/RELOAD ops. Run it with pp_opt.runtime.build_pipeline_schedule"
     )
     if not drop_offload:
-        raise PPOptError(
-            message + ", or export it without offload (--drop-offload, or drop_offload=True)"
+        raise ProblemError(
+            "drop_offload", message + ", or set this to export the compute order without offload"
         )
     logger.warning("%s; writing the compute order only, activations stay on the GPU", message)
 

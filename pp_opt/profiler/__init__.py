@@ -10,7 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pp_opt.compat import renamed
 from pp_opt.problem import Problem
+from pp_opt.problem_io import problem_from_costs
 from pp_opt.profiler.analytic import profile_analytic
 from pp_opt.profiler.cards import (
     HardwareCard,
@@ -18,7 +20,7 @@ from pp_opt.profiler.cards import (
     load_hardware_card,
     load_model_card,
 )
-from pp_opt.profiler.costs import costs_dict, problem_from_costs
+from pp_opt.profiler.costs import costs_dict
 from pp_opt.profiler.layout import Layout, make_layout
 
 __all__ = [
@@ -38,7 +40,7 @@ def profile_costs(
     model: str | Path | ModelCard,
     hardware: str | Path | HardwareCard,
     pp: int,
-    vpp: int = 1,
+    v: int = 1,
     placement: str = "loop",
     microbatches: int,
     mbs: int = 1,
@@ -51,6 +53,7 @@ def profile_costs(
     repeats: int = 10,
     warmup: int = 2,
     threads: int | None = None,
+    vpp: int | None = None,
 ) -> dict[str, Any]:
     """Profile one layout and return its cost profile JSON (a dict).
 
@@ -58,14 +61,15 @@ def profile_costs(
     ----------
     model, hardware
         Card paths, bundled card names (``"llama2-7b"``, ``"a100-80gb"``) or loaded cards.
-    pp, vpp, placement
-        Pipeline size, chunks per device and ``loop``/``v`` placement (``v`` implies vpp 2).
+    pp, v, placement
+        Pipeline size, chunks per device and ``loop``/``v`` placement (the ``v`` placement
+        implies ``v = 2``).
     microbatches, mbs, seq
         Microbatches per iteration, sequences per microbatch, sequence length (card default).
     tp
         Tensor-parallel degree; sequence parallelism is assumed (all activations split).
     layers
-        Decoder layers per stage when they do not split evenly (``pp * vpp`` entries).
+        Decoder layers per stage when they do not split evenly (``pp * v`` entries).
     measure
         Time and measure one layer (and the output layer) with PyTorch on CUDA if present,
         else CPU, instead of using formulas. Static memory, caps and links stay analytic.
@@ -77,11 +81,14 @@ def profile_costs(
         Timed and untimed runs per measurement (``measure`` only).
     threads
         Torch CPU threads while measuring (default: torch's current setting).
+    vpp
+        Former name of ``v`` (deprecated).
     """
+    v = renamed("vpp", vpp, "v", v)
     card = load_model_card(model)
     hw = load_hardware_card(hardware)
     layout = make_layout(
-        card, pp=pp, vpp=vpp, placement=placement, microbatches=microbatches, mbs=mbs, seq=seq,
+        card, pp=pp, v=v, placement=placement, microbatches=microbatches, mbs=mbs, seq=seq,
         tp=tp, layers=layers, recompute=recompute, bytes_per_param=bytes_per_param,
     )  # fmt: skip
     profile = profile_analytic(card, hw, layout)
@@ -101,7 +108,7 @@ def profile_problem(
     model: str | Path | ModelCard,
     hardware: str | Path | HardwareCard,
     pp: int,
-    vpp: int = 1,
+    v: int = 1,
     placement: str = "loop",
     microbatches: int,
     mbs: int = 1,
@@ -109,11 +116,28 @@ def profile_problem(
     tp: int = 1,
     layers: list[int] | None = None,
     measure: bool = False,
+    vpp: int | None = None,
     **options: Any,
 ) -> Problem:
-    """Profile one layout and return the Problem to solve (see :func:`profile_costs`)."""
+    """Profile one layout and return the Problem to solve.
+
+    Parameters
+    ----------
+    model, hardware, pp, v, placement, microbatches, mbs, seq, tp, layers, measure
+        As in :func:`profile_costs`; ``vpp`` is the former name of ``v`` (deprecated).
+    **options
+        The other keywords of :func:`profile_costs` (``recompute``, ``bytes_per_param``,
+        ``repeats``, ``warmup``, ``threads``).
+
+    Returns
+    -------
+    Problem
+        The problem the cost profile describes (unit ``bytes``), its provenance in
+        ``extra["profile"]``.
+    """
+    v = renamed("vpp", vpp, "v", v)
     data = profile_costs(
-        model=model, hardware=hardware, pp=pp, vpp=vpp, placement=placement,
+        model=model, hardware=hardware, pp=pp, v=v, placement=placement,
         microbatches=microbatches, mbs=mbs, seq=seq, tp=tp, layers=layers, measure=measure,
         **options,
     )  # fmt: skip

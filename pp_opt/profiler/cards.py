@@ -1,8 +1,9 @@
 """Model and hardware cards: small TOML files that describe a decoder model and a GPU node.
 
-Cards live in ``models/`` at the repository root; each number there cites its source. A card
-is loaded by path or by bundled name (``"llama2-7b"`` finds ``models/llama2-7b.toml``), and
-every key is checked, so a typo fails at once instead of silently using a default.
+The bundled cards are package data (:mod:`pp_opt.cards`); each number there cites its source.
+A card is loaded by path or by bundled name (``"llama2-7b"`` finds ``pp_opt/cards/llama2-7b.toml``,
+also from an installed wheel), and every key is checked, so a typo fails at once instead of
+silently using a default.
 """
 
 from __future__ import annotations
@@ -13,10 +14,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from pp_opt.cards import card_infos, card_names, card_text
 from pp_opt.errors import ProblemError
-
-MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
-"""Bundled cards (the repository's ``models/`` folder)."""
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 GIB = 1024**3
@@ -200,20 +199,22 @@ def _card_from(kind: str, cls: type, data: Mapping[str, Any], default_name: str)
 
 
 def _read_card(kind: str, where: str | Path) -> tuple[dict[str, Any], str]:
+    """A card's keys and name: from a file at ``where``, else the bundled card of that name."""
     path = Path(where)
-    if not path.is_file():
-        bundled = MODELS_DIR / f"{where}.toml"
-        if isinstance(where, str) and bundled.is_file():
-            path = bundled
-        else:
-            names = sorted(p.stem for p in MODELS_DIR.glob("*.toml")) if MODELS_DIR.is_dir() else []
+    if path.is_file():
+        text, stem = path.read_text(encoding="utf-8"), path.stem
+    else:
+        bundled = card_text(str(where)) if isinstance(where, str) else None
+        if bundled is None:
+            names = ", ".join(card_names())
             raise ProblemError(
-                kind, f"{where}: no such card file; give a .toml path or one of {', '.join(names)}"
+                kind, f"{where}: no such card file; give a .toml path or one of {names}"
             )
+        text, stem = bundled, str(where)
     try:
-        return tomllib.loads(path.read_text()), path.stem
+        return tomllib.loads(text), stem
     except tomllib.TOMLDecodeError as err:
-        raise ProblemError(kind, f"{path}: not valid TOML ({err})") from None
+        raise ProblemError(kind, f"{where}: not valid TOML ({err})") from None
 
 
 def model_card_from_dict(data: Mapping[str, Any], name: str = "model") -> ModelCard:
@@ -227,7 +228,7 @@ def hardware_card_from_dict(data: Mapping[str, Any], name: str = "hardware") -> 
 
 
 def load_model_card(where: str | Path | ModelCard) -> ModelCard:
-    """Load a model card from a TOML path or a bundled name (``models/<name>.toml``)."""
+    """Load a model card from a TOML path or a bundled name (:mod:`pp_opt.cards`)."""
     if isinstance(where, ModelCard):
         return where
     data, stem = _read_card("model", where)
@@ -235,7 +236,7 @@ def load_model_card(where: str | Path | ModelCard) -> ModelCard:
 
 
 def load_hardware_card(where: str | Path | HardwareCard) -> HardwareCard:
-    """Load a hardware card from a TOML path or a bundled name (``models/<name>.toml``)."""
+    """Load a hardware card from a TOML path or a bundled name (:mod:`pp_opt.cards`)."""
     if isinstance(where, HardwareCard):
         return where
     data, stem = _read_card("hardware", where)
@@ -245,7 +246,6 @@ def load_hardware_card(where: str | Path | HardwareCard) -> HardwareCard:
 def bundled_cards() -> dict[str, list[str]]:
     """Names of the bundled model and hardware cards (hardware cards have ``peak_tflops``)."""
     out: dict[str, list[str]] = {"model": [], "hardware": []}
-    for path in sorted(MODELS_DIR.glob("*.toml")):
-        kind = "hardware" if "peak_tflops" in tomllib.loads(path.read_text()) else "model"
-        out[kind].append(path.stem)
+    for info in card_infos():
+        out[info.kind].append(info.name)
     return out

@@ -4,7 +4,8 @@ A cost profile is a valid problem input: the top level carries every field of th
 (as ``pp-opt.problem`` does, memory in bytes, times in ms), and ``profile`` carries where the
 numbers came from: the kind (``analytic`` or ``measured``), the model and hardware cards, the
 layout, per-stage details and, for measured profiles, the environment and the raw timings.
-:func:`problem_from_costs` keeps ``profile`` in ``Problem.extra["profile"]``.
+:func:`pp_opt.problem_io.problem_from_costs` reads one as a problem and keeps ``profile`` in
+``Problem.extra["profile"]``.
 """
 
 from __future__ import annotations
@@ -12,17 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pp_opt.errors import ProblemError
-from pp_opt.problem import Problem
-from pp_opt.problem_io import problem_from_dict
+from pp_opt.problem_io import COSTS_FORMAT as FORMAT
+from pp_opt.problem_io import COSTS_VERSION as VERSION
 from pp_opt.profiler.analytic import StageCost
 from pp_opt.profiler.cards import HardwareCard, ModelCard
 from pp_opt.profiler.layout import Layout
-
-FORMAT = "pp-opt.costs"
-VERSION = 1
-PROBLEM_KEYS = ("name", "p", "m", "placement", "v", "unit", "t_comm", "stages", "devices",
-                "host_links")  # fmt: skip
 
 
 def costs_dict(
@@ -63,7 +58,7 @@ def costs_dict(
         for st in stages
     ]
     name = (
-        f"{card.name} on {hw.name}: pp={layout.pp} vpp={layout.vpp} {layout.placement} "
+        f"{card.name} on {hw.name}: pp={layout.pp} v={layout.v} {layout.placement} "
         f"mbs={layout.mbs} seq={layout.seq} tp={layout.tp} ({kind})"
     )
     return {
@@ -73,7 +68,7 @@ def costs_dict(
         "p": layout.pp,
         "m": layout.microbatches,
         "placement": layout.placement,
-        "v": layout.vpp,
+        "v": layout.v,
         "unit": "bytes",
         "t_comm": t_comm,
         "stages": rows,
@@ -92,25 +87,6 @@ def costs_dict(
             "measurements": measurements,
         },
     }
-
-
-def problem_from_costs(data: Mapping[str, Any]) -> Problem:
-    """Build the Problem a cost profile describes; its provenance goes to ``extra["profile"]``."""
-    if data.get("format") != FORMAT:
-        raise ProblemError("format", f"got {data.get('format')!r}; expected {FORMAT!r}")
-    if data.get("version") != VERSION:
-        raise ProblemError(
-            "version", f"got {data.get('version')!r}; this pp_opt reads version {VERSION}"
-        )
-    allowed = (*PROBLEM_KEYS, "format", "version", "profile")
-    for key in data:
-        if key not in allowed:
-            raise ProblemError(key, f"unknown key in a cost profile; allowed: {', '.join(allowed)}")
-    if data.get("unit", "bytes") != "bytes":
-        raise ProblemError("unit", "a cost profile measures memory in bytes; set unit = 'bytes'")
-    problem = {k: data[k] for k in PROBLEM_KEYS if k in data and k != "v"}
-    problem["extra"] = {"profile": dict(data.get("profile", {}))}
-    return problem_from_dict(problem)
 
 
 def costs_table(data: Mapping[str, Any]) -> str:

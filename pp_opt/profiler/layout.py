@@ -17,8 +17,8 @@ class Layout:
 
     pp: int
     """Pipeline size ``p`` (devices; each device is one tensor-parallel group of ``tp`` GPUs)."""
-    vpp: int = 1
-    """Chunks per device ``v`` (2 for the ``v`` placement)."""
+    v: int = 1
+    """Chunks per device (2 for the ``v`` placement)."""
     placement: str = "loop"
     """``loop`` or ``v``."""
     microbatches: int
@@ -38,11 +38,11 @@ class Layout:
 
     @property
     def num_stages(self) -> int:
-        return self.pp * self.vpp
+        return self.pp * self.v
 
     @property
     def stage_devices(self) -> tuple[int, ...]:
-        return stage_devices(self.placement, self.pp, self.vpp)
+        return stage_devices(self.placement, self.pp, self.v)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -75,7 +75,7 @@ def split_layers(
         split = tuple(int(n) for n in layers)
         if len(split) != stages:
             raise ProblemError(
-                "layers", f"got {len(split)} entries for {stages} stages (pp x vpp); give one each"
+                "layers", f"got {len(split)} entries for {stages} stages (pp x v); give one each"
             )
         if any(n < 0 for n in split) or sum(split) != card.layers:
             raise ProblemError(
@@ -88,7 +88,7 @@ def split_layers(
         options = _divisors(card.layers)
         raise ProblemError(
             "layers",
-            f"{card.layers} layers do not split evenly into {stages} stages (pp x vpp); "
+            f"{card.layers} layers do not split evenly into {stages} stages (pp x v); "
             f"use a stage count in {options} or give an uneven split, "
             f"e.g. layers={suggest_split(card.layers, stages)}",
         )
@@ -99,7 +99,7 @@ def make_layout(
     card: ModelCard,
     *,
     pp: int,
-    vpp: int = 1,
+    v: int = 1,
     placement: str = "loop",
     microbatches: int,
     mbs: int = 1,
@@ -110,13 +110,13 @@ def make_layout(
     bytes_per_param: float = 16.0,
 ) -> Layout:
     """Check a layout against a model card and split its layers into stages."""
-    for name, value in (("pp", pp), ("vpp", vpp), ("microbatches", microbatches), ("mbs", mbs),
+    for name, value in (("pp", pp), ("v", v), ("microbatches", microbatches), ("mbs", mbs),
                         ("tp", tp)):  # fmt: skip
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ProblemError(name, f"got {value!r}; expected an integer >= 1")
-    if placement == "v" and vpp == 1:
-        vpp = 2
-    stage_devices(placement, pp, vpp)  # checks placement and vpp
+    if placement == "v" and v == 1:
+        v = 2
+    stage_devices(placement, pp, v)  # checks placement and v
     if card.heads % tp or card.num_kv_heads % tp:
         ok = [t for t in _divisors(card.num_kv_heads)]
         raise ProblemError("tp", f"{tp} does not divide the heads; use one of {ok}")
@@ -127,7 +127,7 @@ def make_layout(
     if isinstance(s, bool) or not isinstance(s, int) or s < 1:
         raise ProblemError("seq", f"got {s!r}; expected an integer >= 1")
     return Layout(
-        pp=pp, vpp=vpp, placement=placement, microbatches=microbatches, mbs=mbs, seq=s, tp=tp,
-        layers=split_layers(card, pp * vpp, layers), recompute=recompute,
+        pp=pp, v=v, placement=placement, microbatches=microbatches, mbs=mbs, seq=s, tp=tp,
+        layers=split_layers(card, pp * v, layers), recompute=recompute,
         bytes_per_param=float(bytes_per_param),
     )  # fmt: skip

@@ -1,15 +1,22 @@
-"""Solvers: :func:`solve` runs a backend (CP-SAT or MILP) behind one interface."""
+"""Solvers: :func:`solve` runs an exact backend (CP-SAT or MILP) behind one interface.
 
-from pp_opt.solvers.api import SOLVERS, SolveResult, WarmStart, solve
+The backends live in :mod:`.cpsat` and :mod:`.milp`, each with the same parts
+(``variables``, ``constraints``, ``objective``, ``model``, ``solution``) and one entry
+(``solve_cpsat``, ``solve_milp``); they are imported only when they run. Warm starts
+come from :mod:`pp_opt.orders`.
+"""
+
+from pp_opt.schedule import Status
 from pp_opt.solvers.base import Progress, SolveOptions
-from pp_opt.solvers.min_cap import min_feasible_cap
+from pp_opt.solvers.result import SolveResult, WarmStart
+from pp_opt.solvers.solve import SOLVERS, solve
 
 __all__ = [
     "SOLVERS",
     "Progress",
     "SolveOptions",
     "SolveResult",
+    "Status",
     "WarmStart",
-    "min_feasible_cap",
     "solve",
 ]

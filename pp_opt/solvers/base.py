@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pp_opt.schedule import Schedule, ScheduledOp
+from pp_opt.schedule import Schedule, ScheduledOp, Status
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +44,7 @@ class SolveOptions:
 class BackendResult:
     """What a backend found, before the API validates it and computes metrics."""
 
-    status: str
+    status: Status
     """``optimal``, ``feasible``, ``infeasible`` or ``timeout`` (nothing found in time)."""
     objective: float | None
     bound: float | None

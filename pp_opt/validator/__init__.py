@@ -1,9 +1,9 @@
 """The independent schedule validator: re-checks a timed schedule against its problem.
 
 It shares nothing with whatever made the schedule (solver, baseline, simulator)
-and nothing with :mod:`pp_opt.metrics`: dependencies come only from the DAG
-(:func:`pp_opt.dag.build_dag`) and op costs and memory effects only from
-:mod:`pp_opt.ops`. Each broken rule comes back as a :class:`Violation`
+and nothing with :mod:`pp_opt.metrics`: dependencies come only from the DAG of the
+schedule's variant (:func:`pp_opt.dag.dag_for`) and op costs and memory effects only
+from :mod:`pp_opt.ops`. Each broken rule comes back as a :class:`Violation`
 naming the rule, the op and device, and by how much; :data:`RULES` lists them.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 
-from pp_opt.errors import ValidationError
+from pp_opt.errors import ProblemError
 from pp_opt.schedule import Schedule
 from pp_opt.validator.context import make_context
 from pp_opt.validator.memory_check import check_memory
@@ -20,9 +20,9 @@ from pp_opt.validator.offload_checks import check_offload
 from pp_opt.validator.op_checks import check_each_op, check_presence
 from pp_opt.validator.stored_metrics import check_metrics
 from pp_opt.validator.timing_checks import check_dependencies, check_host_links, check_streams
-from pp_opt.validator.violation import RULES, Violation
+from pp_opt.validator.violation import RULES, ValidationError, Violation
 
-__all__ = ["RULES", "Violation", "check_schedule", "validate"]
+__all__ = ["RULES", "ValidationError", "Violation", "check_schedule", "validate"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def validate(schedule: Schedule, *, tol: float = 1e-6) -> list[Violation]:
         op has no stage of the problem or no finite time: that is reported already).
     """
     if not (math.isfinite(tol) and tol >= 0):
-        raise ValueError(f"tol: got {tol!r}; give a small non-negative number such as 1e-6")
+        raise ProblemError("tol", f"got {tol!r}; give a small non-negative number such as 1e-6")
     ctx = make_context(schedule, tol)
     violations = [
         *check_presence(ctx),

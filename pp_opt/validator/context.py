@@ -1,15 +1,13 @@
-"""What every check needs: the DAG variant the schedule uses, its ops, and the tolerances."""
+"""What every check needs: the DAG of the schedule's variant, its ops, and the tolerances."""
 
 from __future__ import annotations
 
 import math
-from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import networkx as nx
 
-from pp_opt.dag import build_dag
+from pp_opt.dag import dag_for
 from pp_opt.ops import OpKey, OpKind
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule, ScheduledOp
@@ -43,26 +41,6 @@ class Context:
         return self.problem.device_of(op.stage)
 
 
-def dag_for_ops(problem: Problem, ops: Sequence[ScheduledOp]) -> nx.DiGraph:
-    """The DAG variant the ops use, chosen from the op kinds present.
-
-    A schedule that mixes ``BW`` with ``B``/``W`` is checked against the variant
-    most of its backward ops belong to, so one mistyped op is reported as one
-    op, not as every op of the other kind.
-    """
-    kinds = Counter(op.kind for op in ops)
-    if kinds[OpKind.B] or kinds[OpKind.BW]:
-        split = kinds[OpKind.B] >= kinds[OpKind.BW]
-    else:
-        split = problem.split_backward
-    return build_dag(
-        problem,
-        split_backward=split,
-        offload=bool(kinds[OpKind.OFFLOAD] or kinds[OpKind.RELOAD]),
-        recompute=bool(kinds[OpKind.R]),
-    )
-
-
 def is_placed(problem: Problem, op: ScheduledOp) -> bool:
     """On a stage of the problem, with finite start and end."""
     return 0 <= op.stage < problem.num_stages and math.isfinite(op.start) and math.isfinite(op.end)
@@ -70,7 +48,7 @@ def is_placed(problem: Problem, op: ScheduledOp) -> bool:
 
 def make_context(schedule: Schedule, tol: float) -> Context:
     problem = schedule.problem
-    dag = dag_for_ops(problem, schedule.ops)
+    dag = dag_for(problem, schedule.variant)
     placed = [op for op in schedule.ops if is_placed(problem, op)]
     by_device: list[list[ScheduledOp]] = [[] for _ in range(problem.p)]
     for op in placed:

@@ -66,9 +66,9 @@ def _unknown_reason(ctx: Context, op: ScheduledOp) -> str:
         return f"microbatch {op.microbatch} is outside 0..{problem.m - 1}"
     split = ctx.dag.graph["split_backward"]
     if op.kind in (OpKind.B, OpKind.W) and not split:
-        return "a split-backward op in a schedule whose backward is mostly fused BW"
+        return "a split-backward op in a schedule whose backward is fused BW"
     if op.kind is OpKind.BW and split:
-        return "a fused BW op in a schedule whose backward is mostly split into B and W"
+        return "a fused BW op in a schedule whose backward is split into B and W"
     return "not an op of this problem"
 
 

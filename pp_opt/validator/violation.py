@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pp_opt.errors import PPOptError
 from pp_opt.ops import OpKey
 
 RULES: dict[str, str] = {
@@ -58,3 +60,13 @@ class Violation:
         elif self.device is not None:
             where = f"device {self.device}"
         return f"{where}: {self.rule} broken by {self.amount:.6g}: {self.message}"
+
+
+class ValidationError(PPOptError):
+    """A schedule broke a rule of DESIGN.md; ``violations`` lists each one."""
+
+    def __init__(self, violations: Sequence[Violation]) -> None:
+        self.violations = list(violations)
+        head = "; ".join(str(v) for v in violations[:3])
+        more = f" (and {len(violations) - 3} more)" if len(violations) > 3 else ""
+        super().__init__(f"invalid schedule: {head}{more}")

@@ -11,8 +11,6 @@ from pp_opt.bounds import lower_bound
 from pp_opt.ops import OpKind
 from pp_opt.solvers.cpsat.variables import Variables
 
-SECONDARY = bool(int(__import__("os").environ.get("PP_SECONDARY", "0")))
-
 
 def add_objective(
     model: cp_model.CpModel, v: Variables, objective: str, *, upper: int | None = None

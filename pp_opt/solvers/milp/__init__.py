@@ -2,9 +2,10 @@
 
 Same decisions and objective as the CP-SAT model: a start time per op, its order on
 each stream, and per activation keep / offload (one of the allowed fractions) /
-recompute, under each device's memory cap. The parts: ``variables``,
-``constraints``, ``objective``, ``model`` (builds them in a fixed order), ``warm``
-(initial values), ``backends`` (runs CBC or HiGHS) and ``solution`` (reads it back).
+recompute, under each device's memory cap. The parts, as in the CP-SAT backend:
+``variables``, ``constraints``, ``objective``, ``model`` (builds them in a fixed
+order), ``solution`` (reads it back), and ``warm`` (initial values); ``backends`` runs
+CBC or HiGHS (with a watchdog for CBC). Imported only when it runs.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import time
 
 import networkx as nx
 
+from pp_opt.errors import ProblemError
 from pp_opt.metrics import compute_metrics
 from pp_opt.ops import OpKind
 from pp_opt.problem import Problem
-from pp_opt.schedule import ScheduledOp
+from pp_opt.schedule import ScheduledOp, Status
 from pp_opt.solvers.base import BackendResult, Progress, SolveOptions
 from pp_opt.solvers.milp.backends import BACKENDS, RunOutcome, RunSettings, run_backend
 from pp_opt.solvers.milp.model import build_model
@@ -67,7 +69,7 @@ def solve_milp(
         the warm start's ops come back with status ``feasible``.
     """
     if backend not in BACKENDS:
-        raise ValueError(f"unknown MILP backend {backend!r}; use one of {', '.join(BACKENDS)}")
+        raise ProblemError("backend", f"unknown {backend!r}; use one of {', '.join(BACKENDS)}")
     started = time.monotonic()
     warm = warm_ops(problem, dag, options.warm_start) if options.warm_start else None
     warm_value = _objective(problem, warm, options.objective) if warm else None
@@ -100,12 +102,12 @@ def solve_milp(
         outcome = run_backend(model.lp, backend, settings)
     found = read_ops(model) if outcome.has_solution else None
     value = _objective(problem, found, options.objective) if found else None
-    status = "optimal" if outcome.proved_optimal and found else "feasible"
+    status = Status.OPTIMAL if outcome.proved_optimal and found else Status.FEASIBLE
     if warm and warm_value is not None and (value is None or value > warm_value + 1e-9):
-        found, value, status = warm, warm_value, "feasible"
+        found, value, status = warm, warm_value, Status.FEASIBLE
     if found is None:
-        status = "infeasible" if outcome.proved_infeasible else "timeout"
-    bound = outcome.bound if status != "optimal" else value
+        status = Status.INFEASIBLE if outcome.proved_infeasible else Status.TIMEOUT
+    bound = outcome.bound if status is not Status.OPTIMAL else value
     if bound is not None and value is not None:
         bound = min(bound, value)
     seconds = time.monotonic() - started

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import pulp
 
+from pp_opt.errors import ProblemError
 from pp_opt.solvers.base import Progress, ProgressCallback
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ def run_backend(lp: pulp.LpProblem, backend: str, settings: RunSettings) -> RunO
         return _run_cbc(lp, settings)
     if backend == "highs":
         return _run_highs(lp, settings)
-    raise ValueError(f"unknown MILP backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    raise ProblemError("backend", f"unknown {backend!r}; use one of {', '.join(BACKENDS)}")
 
 
 def _cbc_command(settings: RunSettings, log_path: str, *, preprocess: bool) -> pulp.LpSolver:

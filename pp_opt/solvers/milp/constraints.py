@@ -6,22 +6,20 @@ is as small as the horizon allows.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pulp
 
-from pp_opt.ops import OpKind
+from pp_opt.ops import OpKey, OpKind, memory_delta
 from pp_opt.solvers.milp.variables import (
     Expr,
+    MilpModel,
     OpVars,
     hint_ended_by,
     hint_order,
     hint_product,
     hint_started_by,
 )
-
-if TYPE_CHECKING:
-    from pp_opt.solvers.milp.model import MilpModel
 
 ALLOCATING = (OpKind.F, OpKind.R, OpKind.RELOAD)
 """Ops that allocate at their start; memory can only peak right after one of them."""
@@ -123,8 +121,6 @@ def memory(model: MilpModel) -> None:
     before ``a``'s start (frees first at equal times, as in ``metrics``). Checks at
     absent optional ops are switched off.
     """
-    from pp_opt.solvers.milp.model import allocation_amount, free_amount
-
     problem = model.problem
     # Memory in units of the largest activation, so byte-sized numbers do not meet
     # the solvers' absolute tolerances.
@@ -225,3 +221,33 @@ def _ended_by(model: MilpModel, e: OpVars, a: OpVars) -> Expr:
     q = v.binary("q", hint_ended_by(e.key, a.key))
     model.lp += a.start >= e.end - (e.latest + e.max_duration - a.earliest) * (1 - q)
     return q
+
+
+def allocation_amount(model: MilpModel, key: OpKey) -> tuple[float, list[tuple[float, Any]]]:
+    """Memory an op allocates at its start: a constant plus ``coef * binary`` terms."""
+    problem, v, act = model.problem, model.vars, (key.stage, key.microbatch)
+    if key.kind is OpKind.F:
+        kept = memory_delta(problem, OpKind.F, key.stage)[0]
+        if act not in v.recompute:
+            return kept, []
+        only_input = memory_delta(problem, OpKind.F, key.stage, recomputed=True)[0]
+        return kept, [(only_input - kept, v.recompute[act])]
+    if key.kind is OpKind.R:
+        return 0.0, [(memory_delta(problem, OpKind.R, key.stage)[0], v.recompute[act])]
+    if key.kind is OpKind.RELOAD:
+        return 0.0, [
+            (memory_delta(problem, OpKind.RELOAD, key.stage, fraction=f)[0], z)
+            for f, z in v.offload[act]
+        ]
+    return 0.0, []
+
+
+def free_amount(model: MilpModel, key: OpKey) -> tuple[float, list[tuple[float, Any]]]:
+    """Memory an op frees at its end, in the same form as :func:`allocation_amount`."""
+    problem, act = model.problem, (key.stage, key.microbatch)
+    if key.kind is OpKind.OFFLOAD:
+        return 0.0, [
+            (-memory_delta(problem, OpKind.OFFLOAD, key.stage, fraction=f)[1], z)
+            for f, z in model.vars.offload[act]
+        ]
+    return -memory_delta(problem, key.kind, key.stage)[1], []

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import pulp
 
 from pp_opt.ops import Stream
-from pp_opt.solvers.milp.variables import Hint, OpVars, Resource, WarmValues
-
-if TYPE_CHECKING:
-    from pp_opt.solvers.milp.model import MilpModel
+from pp_opt.solvers.milp.variables import Hint, MilpModel, OpVars, Resource, WarmValues
 
 
 def set_objective(model: MilpModel, *, bound: float | None = None) -> None:

@@ -7,7 +7,7 @@ import networkx as nx
 from pp_opt.ops import OpKey, OpKind, duration, stream_of
 from pp_opt.schedule import ScheduledOp
 from pp_opt.solvers.milp.constraints import ALLOCATING, FREEING
-from pp_opt.solvers.milp.model import MilpModel
+from pp_opt.solvers.milp.variables import MilpModel
 
 
 def read_ops(model: MilpModel) -> tuple[ScheduledOp, ...]:

@@ -10,9 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import networkx as nx
 import pulp
 
-from pp_opt.ops import OpKey, Stream
+from pp_opt.ops import OpKey, OpKind, Stream
+from pp_opt.problem import Problem
 
 Expr = Any
 """A PuLP linear expression, a variable or a plain number."""
@@ -108,6 +110,89 @@ class Variables:
         if (u, w) in self.order:
             return self.order[u, w]
         return 1 - self.order[w, u]
+
+
+@dataclass(kw_only=True, slots=True)
+class MilpModel:
+    """A built model and what reading its solution back needs."""
+
+    problem: Problem
+    dag: nx.DiGraph
+    lp: pulp.LpProblem
+    vars: Variables
+    horizon: float
+    objective: str
+    symmetry: bool
+    fractions: tuple[float, ...]
+    graph: nx.DiGraph = field(repr=False)
+    """The DAG plus the symmetry-breaking chains: every precedence the model enforces."""
+    chains: list[tuple[OpKey, OpKey]] = field(default_factory=list)
+    """Symmetry breaking: ``(u, w)`` with ``u`` the previous microbatch's op of ``w``'s kind."""
+    reach: dict[OpKey, set[OpKey]] = field(repr=False, default_factory=dict)
+    """``reach[u]``: ops that start only after ``u`` ends, in every schedule of the model."""
+    infeasible: bool = False
+    """Set when a constraint without variables fails (a cap below what precedences force)."""
+
+
+def create_variables(model: MilpModel) -> None:
+    """Every variable of the model: activation choices first, then op starts."""
+    _activation_variables(model)
+    _op_variables(model)
+
+
+def _activation_variables(model: MilpModel) -> None:
+    """Offload-fraction and recompute binaries, one set per activation that allows them."""
+    dag, v = model.dag, model.vars
+    for key in dag.nodes:
+        act = (key.stage, key.microbatch)
+        if key.kind is OpKind.OFFLOAD:
+            v.offload[act] = [
+                (f, v.binary("off", hint_offload(key.stage, key.microbatch, f)))
+                for f in model.fractions
+            ]
+        elif key.kind is OpKind.R:
+            v.recompute[act] = v.binary("rec", hint_recompute(key.stage, key.microbatch))
+
+
+def _op_variables(model: MilpModel) -> None:
+    """A start variable per op, with its duration and presence as expressions."""
+    problem, v = model.problem, model.vars
+    for key, data in model.dag.nodes(data=True):
+        duration, presence, max_duration = _duration_and_presence(model, key, data["duration"])
+        v.ops[key] = OpVars(
+            key=key,
+            device=data["device"],
+            resource=_resource(problem, data["device"], data["stream"]),
+            start=v.continuous("s", 0.0, model.horizon, hint_start(key)),
+            duration=duration,
+            max_duration=max_duration,
+            presence=presence,
+            optional=bool(data["optional"]),
+        )
+
+
+def _duration_and_presence(
+    model: MilpModel, key: OpKey, full: float
+) -> tuple[object, object, float]:
+    """Duration and presence as expressions of the activation's choice binaries."""
+    v, act = model.vars, (key.stage, key.microbatch)
+    if key.kind in (OpKind.OFFLOAD, OpKind.RELOAD):
+        choices = v.offload[act]
+        duration = pulp.lpSum(f * full * z for f, z in choices)
+        return duration, pulp.lpSum(z for _, z in choices), max(f for f, _ in choices) * full
+    if key.kind is OpKind.R:
+        r = v.recompute[act]
+        return full * r, r, full
+    return full, 1, full
+
+
+def _resource(problem: Problem, device: int, stream: Stream) -> Resource:
+    """Copies of devices that share a host link share one resource per direction."""
+    if stream is not Stream.COMPUTE:
+        group = problem.link_group(device)
+        if group is not None:
+            return ("link", group, stream)
+    return ("device", device, stream)
 
 
 def evaluate(expr: Expr, values: dict[str, float]) -> float:

@@ -9,8 +9,7 @@ import networkx as nx
 from pp_opt.ops import OpKey, OpKind, Stream
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule, ScheduledOp
-from pp_opt.solvers.milp.model import MilpModel
-from pp_opt.solvers.milp.variables import WarmValues
+from pp_opt.solvers.milp.variables import MilpModel, WarmValues
 
 log = logging.getLogger(__name__)
 

@@ -1,33 +1,32 @@
-"""A schedule that always fits a feasible cap: the warm start when every classic one is over it.
+"""List schedules: greedy event-driven orders, one of which always fits a feasible cap.
 
-With caps at or above what :mod:`.min_cap` proves necessary, a list schedule
-that lets at most ``k`` microbatches be in flight fits when ``k`` times the
-per-microbatch peak fits; with ``k = 1`` and the lower stages of each device
-offloaded or recomputed (the cheaper in memory), it reaches exactly the
-minimum of :func:`~.min_cap.device_min_memory`.
+With caps at or above what :func:`pp_opt.bounds.device_min_memory` proves necessary, a
+list schedule that lets at most ``k`` microbatches be in flight fits when ``k`` times
+the per-microbatch peak fits; with ``k = 1`` and the lower stages of each device
+offloaded or recomputed (the cheaper in memory), it reaches exactly that minimum
+(:func:`fallback`). The memory-aware rules (:func:`greedy_bfw`, :func:`greedy_lazy_w`)
+start a forward whenever memory allows, and may get stuck.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Sequence
+from typing import Any
 
-from pp_opt.dag import build_dag
+import networkx as nx
+
+from pp_opt.bounds import kept_memory
+from pp_opt.dag import dag_for
+from pp_opt.errors import NoOrderError
 from pp_opt.ops import OpKey, OpKind, Stream, stream_of
+from pp_opt.order import Order, Variant
 from pp_opt.problem import Problem
-from pp_opt.schedule import Schedule, SolverInfo
-from pp_opt.simulator import simulate
-from pp_opt.solvers.min_cap import kept_memory
 
 _PRIORITY = {OpKind.B: 0, OpKind.BW: 0, OpKind.R: 0, OpKind.W: 1, OpKind.F: 2}
 _BFW = {OpKind.B: 0, OpKind.BW: 0, OpKind.F: 1, OpKind.W: 2}
-GREEDY_PRIORITIES = {
-    "greedy-bfw": (_BFW, False),
-    "greedy-lazy-w": (_BFW, True),
-}
-"""Zero-Bubble-style greedy rules: a ready backward first, then a forward while memory
-allows (or a pending ``W``), the rest filling what would be idle time."""
+
+StreamLists = dict[tuple[int, Stream], list[OpKey]]
 
 
 def in_flight_limit(problem: Problem) -> int:
@@ -40,52 +39,65 @@ def in_flight_limit(problem: Problem) -> int:
     return limit
 
 
-def fallback_schedule(problem: Problem, fractions: Sequence[float] = (1.0,)) -> Schedule | None:
-    """A valid schedule under the caps, or None when even one microbatch in flight is too much."""
+def fallback(problem: Problem, *, fraction: float = 1.0) -> Order:
+    """A valid order under the caps whenever the caps admit any schedule.
+
+    At most ``k`` microbatches in flight (the most that fit); when not even one fits,
+    one microbatch at a time with the lower stages of each device offloaded (moving
+    ``fraction`` of each activation) or recomputed. Raises :class:`NoOrderError` when
+    even that does not fit.
+    """
     k = in_flight_limit(problem)
     if k >= 1:
-        dag = build_dag(problem, offload=False, recompute=False)
-        order = _list_order(problem, dag, k)
-        if order is None:
-            return None
-        return simulate(problem, order, dag=dag, solver=_info(f"list, {k} in flight"))
-    return _sequential_with_savings(problem, fractions)
+        variant = _compute_only(problem)
+        streams = _list_order(problem, dag_for(problem, variant), k)
+        if streams is None:
+            raise NoOrderError("fallback", "the list schedule got stuck")
+        return Order(problem=problem, streams=streams, variant=variant, name="fallback")
+    return _sequential_with_savings(problem, fraction)
 
 
-def greedy_schedules(problem: Problem) -> list[tuple[str, Schedule]]:
-    """List schedules that start a forward whenever the device's memory allows.
-
-    Unlike :func:`fallback_schedule` they may deadlock (every device full and waiting),
-    so a rule that gets stuck simply yields nothing.
-    """
-    out = []
-    dag = build_dag(problem, offload=False, recompute=False)
-    for name, (priority, lazy_w) in GREEDY_PRIORITIES.items():
-        # Reserving room for later chunks only matters (and only runs) when a rule is stuck.
-        for reserve in (False, True) if problem.v > 1 else (False,):
-            order = _list_order(problem, dag, problem.m, priority=priority, memory_aware=True,
-                                lazy_w=lazy_w, reserve=reserve)  # fmt: skip
-            if order is not None:
-                label = name + ("-reserve" if reserve else "")
-                out.append((label, simulate(problem, order, dag=dag, solver=_info(label))))
-                break
-    return out
+def greedy_bfw(problem: Problem) -> Order:
+    """Zero-Bubble-style list schedule: a ready backward first, then a forward while memory
+    allows, then a ``W``; the rest fills what would be idle time."""
+    return _greedy(problem, "greedy-bfw", lazy_w=False)
 
 
-def _info(how: str) -> SolverInfo:
-    return SolverInfo(name="fallback", status="heuristic", objective=0.0, extra={"how": how})
+def greedy_lazy_w(problem: Problem) -> Order:
+    """Like :func:`greedy_bfw`, but a ``W`` only once memory blocks the device's next forward
+    or its forwards are done (the deferred ``W`` fill the drain)."""
+    return _greedy(problem, "greedy-lazy-w", lazy_w=True)
+
+
+def _greedy(problem: Problem, name: str, *, lazy_w: bool) -> Order:
+    """A memory-aware list schedule; unlike :func:`fallback` it may deadlock (every device
+    full and waiting), and then raises :class:`NoOrderError`."""
+    variant = _compute_only(problem)
+    dag = dag_for(problem, variant)
+    # Reserving room for later chunks only matters (and only runs) when a rule is stuck.
+    for reserve in (False, True) if problem.v > 1 else (False,):
+        streams = _list_order(problem, dag, problem.m, priority=_BFW, memory_aware=True,
+                              lazy_w=lazy_w, reserve=reserve)  # fmt: skip
+        if streams is not None:
+            label = name + ("-reserve" if reserve else "")
+            return Order(problem=problem, streams=streams, variant=variant, name=label)
+    raise NoOrderError(name, "every device is full and waiting (the rule got stuck)")
+
+
+def _compute_only(problem: Problem) -> Variant:
+    return Variant(split_backward=problem.split_backward, offload=False, recompute=False)
 
 
 def _list_order(  # noqa: C901 - one event loop
     problem: Problem,
-    dag,  # noqa: ANN001 - a networkx DiGraph
+    dag: nx.DiGraph,
     k: int,
     *,
     priority: dict[OpKind, int] | None = None,
     memory_aware: bool = False,
     lazy_w: bool = False,
     reserve: bool = False,
-) -> dict | None:
+) -> StreamLists | None:
     """Greedy list schedule: earliest start first, then by ``priority`` (backward, ``W``,
     forward by default); at most ``k`` microbatches in flight, and with ``memory_aware``
     a forward only when the device's activations stay under its cap; with ``lazy_w`` a
@@ -109,8 +121,8 @@ def _list_order(  # noqa: C901 - one event loop
     free = [0.0] * problem.p
     # Per device: ops not yet ready when the device frees up (by ready time), and ops
     # ready by then, per priority class (by microbatch, stage).
-    heaps: list[list] = [[] for _ in range(problem.p)]
-    pools: list[dict[int, list]] = [{c: [] for c in set(priority.values())} for _ in heaps]
+    heaps: list[list[Any]] = [[] for _ in range(problem.p)]
+    pools: list[dict[int, list[Any]]] = [{c: [] for c in set(priority.values())} for _ in heaps]
     started: set[int] = set()
     in_flight = 0
     order: dict[tuple[int, Stream], list[OpKey]] = {}
@@ -208,12 +220,11 @@ def _list_order(  # noqa: C901 - one event loop
     return order
 
 
-def _sequential_with_savings(problem: Problem, fractions: Sequence[float]) -> Schedule | None:
+def _sequential_with_savings(problem: Problem, fraction: float) -> Order:
     """One microbatch at a time; the lower stages of each device offloaded or recomputed."""
     if not (problem.offload or problem.recompute):
-        return None
-    a = max(fractions) if fractions else 1.0
-    order: dict[tuple[int, Stream], list[OpKey]] = {}
+        raise NoOrderError("fallback", "not even one microbatch fits without offload or recompute")
+    order: StreamLists = {}
     waits: list[tuple[OpKey, OpKey]] = []
     fraction_of: dict[OpKey, float] = {}
     split = problem.split_backward
@@ -223,28 +234,28 @@ def _sequential_with_savings(problem: Problem, fractions: Sequence[float]) -> Sc
             for i, s in enumerate(stages):
                 order.setdefault((device, Stream.COMPUTE), []).append(OpKey(OpKind.F, s, j))
                 if i + 1 < len(stages):
-                    saving = _saving(problem, s, fractions)
+                    saving = _saving(problem, s, fraction)
                     if saving == "offload":
                         off, rel = OpKey(OpKind.OFFLOAD, s, j), OpKey(OpKind.RELOAD, s, j)
                         order.setdefault((device, Stream.D2H), []).append(off)
                         order.setdefault((device, Stream.H2D), []).append(rel)
-                        fraction_of[off] = fraction_of[rel] = a
+                        fraction_of[off] = fraction_of[rel] = fraction
                         waits.append((off, OpKey(OpKind.F, stages[i + 1], j)))
                         above = stages[i + 1]
                         waits.append((OpKey(OpKind.W if split else OpKind.BW, above, j), rel))
             for i, s in reversed(list(enumerate(stages))):
-                if i + 1 < len(stages) and _saving(problem, s, fractions) == "recompute":
+                if i + 1 < len(stages) and _saving(problem, s, fraction) == "recompute":
                     order[(device, Stream.COMPUTE)].append(OpKey(OpKind.R, s, j))
                 keys = [OpKey(OpKind.B, s, j), OpKey(OpKind.W, s, j)] if split else [
                     OpKey(OpKind.BW, s, j)]  # fmt: skip
                 order[(device, Stream.COMPUTE)].extend(keys)
-    return simulate(problem, order, fractions=fraction_of, waits=waits,
-                    solver=_info("one microbatch at a time, with savings"))  # fmt: skip
+    return Order(problem=problem, streams=order, fractions=fraction_of, waits=tuple(waits),
+                 variant=Variant.of_problem(problem), name="fallback")  # fmt: skip
 
 
-def _saving(problem: Problem, stage: int, fractions: Sequence[float]) -> str:
+def _saving(problem: Problem, stage: int, fraction: float) -> str:
     st = problem.stages[stage]
-    best = kept_memory(problem, stage, fractions)
+    best = kept_memory(problem, stage, (fraction,))
     if problem.recompute and st.m_in <= best:
         return "recompute"
     if problem.offload and best < st.m_b:

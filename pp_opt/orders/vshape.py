@@ -23,8 +23,9 @@ as PyTorch does, so small ``m`` still gets a deadlock-free order.
 
 from __future__ import annotations
 
-from pp_opt.baselines.common import Order, compute_order, require_split_backward, with_placement
 from pp_opt.ops import OpKey, OpKind
+from pp_opt.order import Order
+from pp_opt.orders.common import SPLIT, compute_order, require_split_backward, with_placement
 from pp_opt.problem import Problem
 
 F, B, W = OpKind.F, OpKind.B, OpKind.W
@@ -78,9 +79,13 @@ def zb_v_rank(rank: int, p: int, m: int) -> list[OpKey]:
     return [key for key in o.ops if key.microbatch < m]
 
 
-def zb_v(problem: Problem) -> tuple[Problem, Order]:
-    """ZB-V on the ``v`` placement (re-split into two chunks per device if needed)."""
+def zb_v(problem: Problem) -> Order:
+    """ZB-V on the ``v`` placement (re-split into two chunks per device if needed).
+
+    This is the fixed pattern; :func:`pp_opt.orders.zb_v_greedy.zb_v_greedy` is the
+    Zero Bubble paper's cost-aware greedy for the same placement.
+    """
     require_split_backward(problem, "zb-v")
     problem = with_placement(problem, "zb-v", "v", 2)
     per_device = [zb_v_rank(r, problem.p, problem.m) for r in range(problem.p)]
-    return problem, compute_order(problem, per_device)
+    return compute_order(problem, per_device, SPLIT, "zb-v")

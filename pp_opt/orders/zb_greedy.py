@@ -1,130 +1,62 @@
-"""The Zero Bubble paper's cost-aware greedy schedulers, as warm starts.
+"""The Zero Bubble paper's cost-aware greedy scheduler for ``loop`` (one stage per device).
 
-Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), Section 3.1 and 6, and
-their public scheduler (``auto_schedule.py`` and ``v_schedule.py``). Two shapes:
+Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), Section 3.1, and their public
+scheduler (``auto_schedule.py``): in warm-up each device starts as many forwards as
+memory allows and as fit before the first backward can reach it; then forwards and
+backwards alternate, a ``W`` fills each wait on a neighbour that it fits in (or that is
+larger than the worst bubble so far), and ``W`` ops are forced in whenever memory blocks
+the next ``F`` or ``B``. The ``v`` placement's greedy is :mod:`.zb_v_greedy`.
 
-- ``loop`` placement with one stage per device (:func:`loop_order`): in warm-up each
-  device starts as many forwards as memory allows and as fit before the first
-  backward can reach it; then forwards and backwards alternate, a ``W`` fills each
-  wait on a neighbour that it fits in (or that is larger than the worst bubble so
-  far), and ``W`` ops are forced in whenever memory blocks the next ``F`` or ``B``.
-- ``v`` placement with two chunks (:func:`v_order`): the ZB-V greedy, which starts
-  chunk-0 forwards down and chunk-1 forwards back up, then runs rounds of backwards
-  (the chunk whose gradient has arrived first) and forwards, with the same ``W``
-  filling; a second pass lets devices with little bubble wait to spare the others.
-
-Each rule takes a few switches and a memory limit (the cap, or a little under it:
-the paper tunes how many forwards warm up; here also by a few more warm-up forwards
-on the first device, which trade its wait for the first backward against a small
-delay); :func:`zb_candidates` simulates every
-setting with :func:`~pp_opt.simulator.simulate` and keeps those that fit the caps.
-The times the rules track are only for their decisions: the simulator re-times
-the resulting per-device orders.
+The rule takes a few switches and a memory limit (the cap, or a little under it: the
+paper tunes how many forwards warm up; here also by a few more warm-up forwards on the
+first device, which trade its wait for the first backward against a small delay);
+:func:`zb_greedy` tries every setting (:mod:`.zb_tune`). The times the rule tracks are
+only for its decisions: the simulator re-times the resulting per-device orders.
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
-from collections.abc import Callable
 
-from pp_opt.dag import build_dag
-from pp_opt.errors import PPOptError
+from pp_opt.errors import NoOrderError
 from pp_opt.ops import Stream
+from pp_opt.order import Order
+from pp_opt.orders.common import require_split_backward
+from pp_opt.orders.zb_state import EPS, DeviceState, OrderBuilder, StreamLists, Stuck
+from pp_opt.orders.zb_tune import Setting, best_order
 from pp_opt.problem import Problem
-from pp_opt.schedule import Schedule, SolverInfo
-from pp_opt.simulator import simulate
-from pp_opt.solvers.zb_state import EPS, DeviceState, Order, OrderBuilder, Stuck
-from pp_opt.solvers.zb_v_greedy import v_order
-
-log = logging.getLogger(__name__)
 
 
-def zb_candidates(problem: Problem, keep: int = 2) -> list[tuple[str, Schedule]]:
-    """Zero-Bubble greedy schedules of ``problem`` that fit its caps, best span first.
+def zb_greedy(problem: Problem, *, deadline: float | None = None) -> Order:
+    """The Zero Bubble paper's cost-aware greedy on ``loop``, one stage per device, tuned.
 
-    Every setting is tried; the ``keep`` with the shortest estimated span are simulated.
-    Empty for shapes the rules do not cover (fused backward, more chunks, other
-    placements) and when every setting gets stuck under the caps.
+    Every setting of :func:`loop_settings` runs (until ``deadline``, a
+    ``time.perf_counter()`` value); the best that fits the caps is returned
+    (:func:`pp_opt.orders.zb_tune.best_order`). Raises :class:`NoOrderError` for a
+    fused backward, another shape, or when every setting gets stuck under the caps.
     """
-    if not problem.split_backward:
-        return []
-    rule: Callable[..., tuple[Order, float]]
-    if _is_loop(problem):
-        rule, settings = loop_order, _loop_settings()
-    elif _is_v(problem):
-        rule, settings = v_order, _v_settings()
-    else:
-        return []
-    tried: dict[tuple, tuple[float, str, Order]] = {}
-    for limit in _limits(problem):
-        for name, flags in settings:
-            try:
-                order, span = rule(problem, limit, *flags)
-            except (Stuck, KeyError):
-                continue
-            signature = tuple(tuple(keys) for keys in order.values())
-            tried.setdefault(signature, (span, f"{name}@{limit[0]:g}", order))
-    # The rules time their orders as the simulator does: simulate only the best few.
-    dag = build_dag(problem, offload=False, recompute=False)
-    out: list[tuple[str, Schedule]] = []
-    for _, name, order in sorted(tried.values(), key=lambda t: t[0])[:keep]:
-        try:
-            schedule = simulate(problem, order, dag=dag, solver=_info(name))
-        except PPOptError as err:
-            log.debug("zb heuristic %s skipped: %s", name, err)
-            continue
-        if _fits(problem, schedule):
-            out.append((name, schedule))
-    return sorted(out, key=lambda c: max(c[1].metrics.span))
+    require_split_backward(problem, "zb-greedy")
+    if not is_loop(problem):
+        raise NoOrderError("zb-greedy", "needs one stage per device, stage s on device s")
+    return best_order(
+        problem, loop_order, loop_settings(), generator="zb-greedy", deadline=deadline
+    )
 
 
-def _is_loop(problem: Problem) -> bool:
+def is_loop(problem: Problem) -> bool:
     return problem.num_stages == problem.p and all(
         problem.device_of(s) == s for s in range(problem.p)
     )
 
 
-def _is_v(problem: Problem) -> bool:
-    p = problem.p
-    return problem.num_stages == 2 * p and all(
-        problem.device_of(s) == s and problem.device_of(2 * p - 1 - s) == s for s in range(p)
-    )
-
-
-def _limits(problem: Problem) -> list[list[float]]:
-    """Activation limits per device: the full room, then one activation less."""
-    room = [d.cap - d.static for d in problem.devices]
-    one = [max(problem.stages[s].m_b for s in problem.stages_on(d)) for d in range(problem.p)]
-    return [[r - k * a for r, a in zip(room, one, strict=True)] for k in range(2)]
-
-
-def _loop_settings() -> list[tuple[str, tuple]]:
+def loop_settings() -> list[Setting]:
     """The paper's three switches, and 0-2 more warm-up forwards on the first device."""
-    out: list[tuple[str, tuple]] = []
+    out: list[Setting] = []
     for flags in itertools.product((True, False), repeat=3):
         for bonus in range(3):
             name = f"zb-auto{''.join('1' if f else '0' for f in flags)}+{bonus}"
             out.append((name, (*flags, bonus)))
     return out
-
-
-def _v_settings() -> list[tuple[str, tuple]]:
-    return [
-        (f"zb-v-greedy{''.join('1' if f else '0' for f in flags)}", flags)
-        for flags in itertools.product((True, False), repeat=2)
-    ]
-
-
-def _info(name: str) -> SolverInfo:
-    return SolverInfo(name="zb-heuristic", status="heuristic", objective=0.0, extra={"how": name})
-
-
-def _fits(problem: Problem, schedule: Schedule) -> bool:
-    return all(
-        peak <= d.cap + 1e-6
-        for peak, d in zip(schedule.metrics.peak_memory, problem.devices, strict=True)
-    )
 
 
 def loop_order(
@@ -134,7 +66,7 @@ def loop_order(
     prioritize_b: bool = False,
     no_bubble_greedy: bool = True,
     bonus: int = 0,
-) -> tuple[Order, float]:
+) -> tuple[StreamLists, float]:
     """The Zero Bubble automatic scheduler's greedy order, one stage per device (``loop``),
     and its longest device span."""
     p, m = problem.p, problem.m

@@ -31,8 +31,9 @@ checks them there.
 
 from __future__ import annotations
 
-from pp_opt.baselines.common import Order, one_chunk, rank_order, require_split_backward
 from pp_opt.ops import OpKey, OpKind
+from pp_opt.order import Order
+from pp_opt.orders.common import SPLIT, one_chunk, rank_order, require_split_backward
 from pp_opt.problem import Problem
 
 F, B, W = OpKind.F, OpKind.B, OpKind.W
@@ -61,12 +62,12 @@ def zb_h1_rank(rank: int, p: int, m: int) -> list[OpKey]:
     return ops
 
 
-def zb_h1(problem: Problem) -> tuple[Problem, Order]:
+def zb_h1(problem: Problem) -> Order:
     """ZB-H1 on one stage per device (Zero Bubble paper, §3.1)."""
     require_split_backward(problem, "zb-h1")
     problem = one_chunk(problem, "zb-h1")
     per_rank = [zb_h1_rank(r, problem.p, problem.m) for r in range(problem.p)]
-    return problem, rank_order(problem, per_rank)
+    return rank_order(problem, per_rank, SPLIT, "zb-h1")
 
 
 def zb_h2_rank(rank: int, p: int, m: int) -> list[OpKey]:
@@ -90,9 +91,9 @@ def zb_h2_rank(rank: int, p: int, m: int) -> list[OpKey]:
     return ops
 
 
-def zb_h2(problem: Problem) -> tuple[Problem, Order]:
+def zb_h2(problem: Problem) -> Order:
     """ZB-H2 on one stage per device (Zero Bubble paper, §3.1)."""
     require_split_backward(problem, "zb-h2")
     problem = one_chunk(problem, "zb-h2")
     per_rank = [zb_h2_rank(r, problem.p, problem.m) for r in range(problem.p)]
-    return problem, rank_order(problem, per_rank)
+    return rank_order(problem, per_rank, SPLIT, "zb-h2")

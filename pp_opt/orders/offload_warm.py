@@ -8,28 +8,38 @@ Whether the result fits the real cap is left to the validator.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
-
-from pp_opt.errors import PPOptError
+from pp_opt.errors import NoOrderError
 from pp_opt.metrics import compute_metrics
 from pp_opt.ops import BACKWARD_KINDS, OpKind, Stream, duration
+from pp_opt.order import Order, Variant
 from pp_opt.problem import Device, Problem
-from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo
+from pp_opt.schedule import Schedule, ScheduledOp
+from pp_opt.simulator import order_of
 
-log = logging.getLogger(__name__)
+
+def roomy(problem: Problem) -> Problem:
+    """The problem without offload and without caps: where the base schedules are made."""
+    return problem.replace(
+        offload=False,
+        devices=tuple(Device(cap=1e300, static=d.static) for d in problem.devices),
+    )
 
 
-def with_offloads(problem: Problem, schedule: Schedule, fraction: float) -> Schedule | None:
+def with_offloads(problem: Problem, schedule: Schedule, fraction: float) -> Order:
     """``schedule``'s compute ops on ``problem``, with every activation offloaded that fits.
 
     Offloads run in forward order as early as possible; reloads in backward order
     as late as possible (ending at their backward's start); an activation whose
-    offload would not end before its reload starts is kept. None when the problem
-    does not allow offload, or devices share a host link (their copies would collide).
+    offload would not end before its reload starts is kept. The order keeps the
+    cross-stream waits of that timing (:func:`pp_opt.simulator.order_of`), so
+    simulating it keeps the compute timing. Raises :class:`NoOrderError` when the
+    problem does not allow offload, or devices share a host link (their copies would
+    collide).
     """
-    if not problem.offload or problem.host_links:
-        return None
+    if not problem.offload:
+        raise NoOrderError("offload", "the problem does not allow offload")
+    if problem.host_links:
+        raise NoOrderError("offload", "devices share a host link; copies would collide")
     compute = [op for op in schedule.ops if op.stream is Stream.COMPUTE]
     ops: list[ScheduledOp] = list(compute)
     for device in range(problem.p):
@@ -53,30 +63,10 @@ def with_offloads(problem: Problem, schedule: Schedule, fraction: float) -> Sche
             if o_end <= r_start:
                 ops.append(ScheduledOp(OpKind.OFFLOAD, *act, Stream.D2H, o_start, o_end, fraction))
                 ops.append(ScheduledOp(OpKind.RELOAD, *act, Stream.H2D, r_start, r_end, fraction))
-    info = SolverInfo(name="offload-warm", status="heuristic", objective=0.0)
-    return Schedule(problem=problem, ops=tuple(ops), solver=info,
-                    metrics=compute_metrics(problem, ops))  # fmt: skip
-
-
-def offload_candidates(problem: Problem, fractions: Sequence[float]) -> list[tuple[str, Schedule]]:
-    """Classic and greedy schedules made without the cap, each given offloads."""
-    from pp_opt.solvers.fallback import greedy_schedules
-    from pp_opt.solvers.warm_start import baseline_candidates
-
-    if not problem.offload or problem.host_links:
-        return []
-    roomy = problem.replace(
-        offload=False,
-        devices=tuple(Device(cap=1e300, static=d.static) for d in problem.devices),
-    )
-    out = []
-    try:
-        found = baseline_candidates(roomy) + greedy_schedules(roomy)
-    except PPOptError as err:
-        log.info("no offload warm start: %s", err)
-        return []
-    for name, schedule in found:
-        made = with_offloads(problem, schedule, max(fractions))
-        if made is not None:
-            out.append((f"{name}+offload", made))
-    return out
+    variant = Variant(schedule.variant.split_backward, offload=True, recompute=False)
+    placed = Schedule(problem=problem, ops=tuple(ops), solver=schedule.solver,
+                      metrics=compute_metrics(problem, ops), variant=variant)  # fmt: skip
+    order = order_of(placed)
+    name = f"{schedule.solver.name}+offload"
+    return Order(problem=problem, streams=order.streams, fractions=order.fractions,
+                 waits=order.waits, variant=variant, name=name)  # fmt: skip

@@ -1,60 +1,46 @@
 """``solve``: one entry point for every backend, with the guarantees the backends do not give.
 
-The API checks the caps first (raising with the smallest feasible cap), picks
-the warm start, runs the backend, re-times the backend's op order with the
-simulator (exact durations, the cross-stream waits of the solution), validates
-the result with the independent validator, and never returns something worse
-than the warm start.
+It checks the caps first (raising with the smallest feasible cap), picks the warm start
+within a share of the time limit, runs the backend with the time left, re-times the
+backend's op order with the simulator (exact durations, the cross-stream waits of the
+solution), validates the result with the independent validator, and never returns
+something worse than the warm start.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from functools import partial
 
-from pp_opt.bounds import lower_bound
-from pp_opt.dag import build_dag
-from pp_opt.errors import PPOptError, ProblemError, ValidationError
+import networkx as nx
+
+from pp_opt.bounds import check_caps, lower_bound
+from pp_opt.dag import dag_for
+from pp_opt.errors import PPOptError, ProblemError
 from pp_opt.metrics import compute_metrics
+from pp_opt.order import Variant
+from pp_opt.orders import candidates
+from pp_opt.orders.common import same_placement
 from pp_opt.problem import OBJECTIVES, Problem
-from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo
+from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo, Status
 from pp_opt.simulator import retime
 from pp_opt.solvers.base import BackendResult, ProgressCallback, SolveOptions
-from pp_opt.solvers.min_cap import check_caps
-from pp_opt.solvers.warm_start import same_placement, warm_start_candidates
+from pp_opt.solvers.result import SolveResult, WarmStart
+from pp_opt.validator import ValidationError, check_schedule
 
 log = logging.getLogger(__name__)
 
 SOLVERS = ("cpsat", "milp", "milp-highs")
 """``milp`` runs PuLP with CBC; ``milp-highs`` the same model with HiGHS."""
 
+WARM_START_SHARE = 0.5
+"""Share of the time limit after which no further warm-start generator starts; the
+backend gets whatever is left. Small problems list every warm start in milliseconds;
+large ones keep the cheapest (the classic schedules come first)."""
 
-@dataclass(kw_only=True, slots=True, frozen=True)
-class WarmStart:
-    """The schedule a solve started from."""
-
-    name: str
-    """Baseline name, or ``given`` for a schedule passed in."""
-    objective: float
-
-
-@dataclass(kw_only=True, slots=True)
-class SolveResult:
-    """What :func:`solve` returns: a validated schedule and how it was found."""
-
-    schedule: Schedule
-    status: str
-    """``optimal`` (proved) or ``feasible``; infeasible caps raise :class:`InfeasibleError`,
-    and a backend that found nothing in time (``timeout``) hands over the warm start as
-    ``feasible`` (its own status is kept in ``schedule.solver.extra["backend_status"]``)."""
-    objective: float
-    """The simulator's objective of :attr:`schedule` (re-timing its order gives it again)."""
-    lower_bound: float
-    gap: float
-    seconds: float
-    warm_start: WarmStart | None
+Backend = Callable[[Problem, nx.DiGraph, SolveOptions], BackendResult]
 
 
 def solve(
@@ -77,14 +63,18 @@ def solve(
         What to schedule; its caps, placement and offload/recompute switches apply.
     solver
         ``cpsat`` (OR-Tools CP-SAT), ``milp`` (PuLP with CBC) or ``milp-highs`` (HiGHS).
-    time_limit, threads, seed
-        Wall-clock seconds, worker threads, random seed. The same seed and threads
-        give the same schedule when the search ends before the time limit.
+    time_limit
+        Wall-clock seconds for the whole solve: warm starts (at most about
+        :data:`WARM_START_SHARE` of it), the backend, and the final checks.
+    threads, seed
+        Worker threads and random seed. The same seed and threads give the same
+        schedule when the search ends before the time limit.
     objective
         ``makespan`` or ``span``; the problem's own when None.
     warm_start
-        True: the best classic schedule that fits the caps and has the problem's
-        placement. A :class:`Schedule`: that one. False: none.
+        True: the best warm start of :func:`pp_opt.orders.candidates` (classic schedules
+        and rules that keep the problem's placement and fit its caps). A
+        :class:`Schedule`: that one. False: none.
     progress
         Called with each improving incumbent and bound.
     offload_fractions
@@ -93,20 +83,24 @@ def solve(
     Returns
     -------
     SolveResult
-        The validated schedule, status, objective, lower bound, gap and seconds.
+        The validated schedule (status, objective, lower bound, gap and seconds in its
+        ``solver`` record) and the warm start.
 
     Raises
     ------
     InfeasibleError
         When no schedule fits the caps; ``min_cap`` is the smallest cap that does.
+    ProblemError
+        For a bad argument, or when nothing was found within ``time_limit``.
     """
     started = time.perf_counter()
     problem, options = _prepare(problem, solver, time_limit, threads, seed, objective,
                                 progress, offload_fractions)  # fmt: skip
     check_caps(problem, options.offload_fractions if problem.offload else ())
-    warm = _warm_start(problem, warm_start, options.offload_fractions)
+    deadline = started + WARM_START_SHARE * time_limit
+    warm = _warm_start(problem, warm_start, options.offload_fractions, deadline)
     options.warm_start = warm[1] if warm else None
-    dag = build_dag(problem)
+    dag = dag_for(problem)
     options.time_limit = max(0.1, time_limit - (time.perf_counter() - started))
     result = _backend(solver)(problem, dag, options)
     found = _checked(problem, result, solver)
@@ -115,15 +109,15 @@ def solve(
         bound = max(bound, result.bound)
     chosen, status = found, result.status
     if warm is not None and (found is None or _value(warm[1]) < _value(found) - 1e-9):
-        chosen, status = warm[1], "feasible"
+        chosen, status = warm[1], Status.FEASIBLE
     if chosen is None:
-        raise PPOptError(
-            f"{solver} found no schedule in {time_limit:g} s ({result.status}); raise --time-limit"
+        raise ProblemError(
+            "time_limit",
+            f"{solver} found no schedule in {time_limit:g} s ({result.status}); raise it",
         )
     value = _value(chosen)
     bound = min(bound, value)
     gap = (value - bound) / value if value > 0 else 0.0
-    seconds = time.perf_counter() - started
     warm_info = WarmStart(name=warm[0], objective=_value(warm[1])) if warm else None
     info = SolverInfo(
         name=solver,
@@ -131,9 +125,9 @@ def solve(
         objective=value,
         lower_bound=bound,
         gap=gap,
-        seconds=seconds,
+        seconds=time.perf_counter() - started,
         extra={
-            "warm_start": None if warm is None else warm[0],
+            "warm_start": None if warm_info is None else warm_info.name,
             "warm_start_objective": None if warm_info is None else warm_info.objective,
             "backend_status": result.status,
             "backend_objective": result.objective,
@@ -142,9 +136,9 @@ def solve(
             "seed": seed,
         },
     )
-    schedule = Schedule(problem=chosen.problem, ops=chosen.ops, solver=info, metrics=chosen.metrics)
-    return SolveResult(schedule=schedule, status=status, objective=value, lower_bound=bound,
-                       gap=gap, seconds=seconds, warm_start=warm_info)  # fmt: skip
+    schedule = Schedule(problem=chosen.problem, ops=chosen.ops, solver=info,
+                        metrics=chosen.metrics, variant=chosen.variant)  # fmt: skip
+    return SolveResult(schedule=schedule, warm_start=warm_info)
 
 
 def _prepare(
@@ -182,19 +176,20 @@ def _value(schedule: Schedule) -> float:
 
 
 def _warm_start(
-    problem: Problem, warm_start: bool | Schedule, fractions: Sequence[float]
+    problem: Problem,
+    warm_start: bool | Schedule,
+    fractions: Sequence[float],
+    deadline: float,
 ) -> tuple[str, Schedule] | None:
+    """The first warm start (best objective first) that the validator passes."""
     if warm_start is False:
         return None
     if warm_start is True:
-        for name, schedule, validated in warm_start_candidates(problem, problem.objective,
-                                                               fractions):  # fmt: skip
-            if validated and schedule.problem == problem:
-                return name, schedule
+        for candidate in candidates(problem, fractions=fractions, deadline=deadline):
             try:
-                return name, _validated(retime(_on(problem, schedule)))
+                return candidate.name, check_schedule(candidate.schedule)
             except ValidationError as err:
-                log.info("warm start %s rejected: %s", name, err)
+                log.warning("warm start %s rejected: %s", candidate.name, err)
         return None
     if not same_placement(warm_start.problem, problem):
         raise ProblemError(
@@ -202,25 +197,15 @@ def _warm_start(
             "give a schedule of the same placement and microbatches",
         )  # fmt: skip
     # Re-time on this problem (objective and caps as solved) and check it fits.
-    return "given", _validated(retime(_on(problem, warm_start)))
+    given = Schedule(problem=problem, ops=warm_start.ops, solver=warm_start.solver,
+                     metrics=compute_metrics(problem, warm_start.ops),
+                     variant=warm_start.variant)  # fmt: skip
+    return "given", check_schedule(retime(given))
 
 
-def _on(problem: Problem, schedule: Schedule) -> Schedule:
-    ops = schedule.ops
-    return Schedule(problem=problem, ops=ops, solver=schedule.solver,
-                    metrics=compute_metrics(problem, ops))  # fmt: skip
-
-
-def _validated(schedule: Schedule) -> Schedule:
-    from pp_opt.validator import check_schedule
-
-    return check_schedule(schedule)
-
-
-def _backend(solver: str):  # noqa: ANN202 - a backend function
+def _backend(solver: str) -> Backend:
+    """The backend's entry point, imported only now (OR-Tools and PuLP load slowly)."""
     if solver in ("milp", "milp-highs"):
-        from functools import partial
-
         from pp_opt.solvers.milp import solve_milp
 
         return partial(solve_milp, backend="highs" if solver == "milp-highs" else "cbc")
@@ -235,9 +220,10 @@ def _checked(problem: Problem, result: BackendResult, solver: str) -> Schedule |
         return None
     ops: tuple[ScheduledOp, ...] = result.ops
     info = SolverInfo(name=solver, status=result.status, objective=0.0)
-    raw = Schedule(problem=problem, ops=ops, solver=info, metrics=compute_metrics(problem, ops))
+    raw = Schedule(problem=problem, ops=ops, solver=info, metrics=compute_metrics(problem, ops),
+                   variant=Variant.of_problem(problem))  # fmt: skip
     try:
-        return _validated(retime(raw, solver=info))
-    except (ValidationError, PPOptError) as err:
+        return check_schedule(retime(raw, solver=info))
+    except PPOptError as err:
         log.warning("%s result rejected: %s", solver, err)
         return None

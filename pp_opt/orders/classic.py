@@ -20,14 +20,15 @@ leaves a stage only when its whole backward is done.
 
 from __future__ import annotations
 
-from pp_opt.baselines.common import Order, compute_order, one_chunk, rank_order, with_placement
 from pp_opt.ops import OpKey, OpKind
+from pp_opt.order import Order
+from pp_opt.orders.common import FUSED, compute_order, one_chunk, rank_order, with_placement
 from pp_opt.problem import Problem
 
 F, BW = OpKind.F, OpKind.BW
 
 
-def gpipe(problem: Problem) -> tuple[Problem, Order]:
+def gpipe(problem: Problem) -> Order:
     """GPipe: all forwards, then all fused backwards, on one stage per device."""
     problem = one_chunk(problem, "gpipe")
     m = problem.m
@@ -35,10 +36,10 @@ def gpipe(problem: Problem) -> tuple[Problem, Order]:
         [OpKey(F, r, j) for j in range(m)] + [OpKey(BW, r, j) for j in range(m)]
         for r in range(problem.p)
     ]
-    return problem, rank_order(problem, per_rank)
+    return rank_order(problem, per_rank, FUSED, "gpipe")
 
 
-def one_f_one_b(problem: Problem) -> tuple[Problem, Order]:
+def one_f_one_b(problem: Problem) -> Order:
     """1F1B: ``p - 1 - i`` warm-up forwards on rank ``i``, then one forward, one backward."""
     problem = one_chunk(problem, "1f1b")
     p, m = problem.p, problem.m
@@ -50,7 +51,7 @@ def one_f_one_b(problem: Problem) -> tuple[Problem, Order]:
             ops += [OpKey(F, r, j), OpKey(BW, r, j - warmup)]
         ops += [OpKey(BW, r, j) for j in range(m - warmup, m)]
         per_rank.append(ops)
-    return problem, rank_order(problem, per_rank)
+    return rank_order(problem, per_rank, FUSED, "1f1b")
 
 
 def microbatch_rounds(p: int, m: int) -> list[int]:
@@ -65,7 +66,7 @@ def microbatch_rounds(p: int, m: int) -> list[int]:
     return [m // count + (1 if i < m % count else 0) for i in range(count)]
 
 
-def interleaved_1f1b(problem: Problem) -> tuple[Problem, Order]:
+def interleaved_1f1b(problem: Problem) -> Order:
     """Megatron-LM's interleaved 1F1B on the ``loop`` placement (``v >= 2``, else ``v = 2``)."""
     v = problem.v if problem.placement == "loop" and problem.v >= 2 else 2
     problem = with_placement(problem, "interleaved-1f1b", "loop", v)
@@ -88,4 +89,4 @@ def interleaved_1f1b(problem: Problem) -> tuple[Problem, Order]:
             ops += [forwards[k], backwards[k - warmup]]
         ops += backwards[total - warmup :]
         per_device.append(ops)
-    return problem, compute_order(problem, per_device)
+    return compute_order(problem, per_device, FUSED, "interleaved-1f1b")

@@ -1,6 +1,6 @@
 """Book-keeping shared by the Zero Bubble greedy rules: per-device state and the ``put`` step.
 
-The rules (:mod:`.zb_heuristic` for ``loop``, :mod:`.zb_v_greedy` for ``v``) track
+The rules (:mod:`.zb_greedy` for ``loop``, :mod:`.zb_v_greedy` for ``v``) track
 estimated times only to make their decisions; the simulator re-times their orders.
 """
 
@@ -12,7 +12,8 @@ from pp_opt.ops import OpKey, OpKind, Stream
 from pp_opt.problem import Problem
 
 KINDS = (OpKind.F, OpKind.B, OpKind.W)
-Order = dict[tuple[int, Stream], list[OpKey]]
+StreamLists = dict[tuple[int, Stream], list[OpKey]]
+"""What a rule returns: per ``(device, compute)``, its ops in order."""
 EPS = 1e-9
 
 

@@ -3,14 +3,47 @@
 It starts chunk-0 forwards down and chunk-1 forwards back up, then runs rounds of
 backwards (the chunk whose gradient has arrived first) and forwards, with ``W``
 filling the waits; a second pass lets devices with little bubble wait to spare the
-others. Used as a warm start by :func:`.zb_heuristic.zb_candidates`.
+others. The fixed ZB-V pattern (PyTorch's order) is :func:`.vshape.zb_v`; this is the
+cost-aware rule, tuned over its switches like the ``loop`` one (:mod:`.zb_tune`).
 """
 
 from __future__ import annotations
 
+import itertools
+
+from pp_opt.errors import NoOrderError
 from pp_opt.ops import Stream
+from pp_opt.order import Order
+from pp_opt.orders.common import require_split_backward
+from pp_opt.orders.zb_state import EPS, DeviceState, OrderBuilder, StreamLists, Stuck
+from pp_opt.orders.zb_tune import Setting, best_order
 from pp_opt.problem import Problem
-from pp_opt.solvers.zb_state import EPS, DeviceState, Order, OrderBuilder, Stuck
+
+
+def zb_v_greedy(problem: Problem, *, deadline: float | None = None) -> Order:
+    """The ZB-V greedy on the ``v`` placement (stage s and 2p-1-s on device s), tuned.
+
+    Raises :class:`NoOrderError` for a fused backward, another shape, or when every
+    setting gets stuck under the caps.
+    """
+    require_split_backward(problem, "zb-v-greedy")
+    if not is_v(problem):
+        raise NoOrderError("zb-v-greedy", "needs the v placement with two chunks per device")
+    return best_order(problem, v_order, v_settings(), generator="zb-v-greedy", deadline=deadline)
+
+
+def is_v(problem: Problem) -> bool:
+    p = problem.p
+    return problem.num_stages == 2 * p and all(
+        problem.device_of(s) == s and problem.device_of(2 * p - 1 - s) == s for s in range(p)
+    )
+
+
+def v_settings() -> list[Setting]:
+    return [
+        (f"zb-v-greedy{''.join('1' if f else '0' for f in flags)}", flags)
+        for flags in itertools.product((True, False), repeat=2)
+    ]
 
 
 def v_order(
@@ -19,7 +52,7 @@ def v_order(
     fill_f: bool = True,
     fill_b: bool = True,
     approved: list[float] | None = None,
-) -> tuple[Order, float]:
+) -> tuple[StreamLists, float]:
     """The ZB-V greedy order (``v`` placement, two chunks) and its longest device span.
 
     Passes repeat while letting the less-bubbled devices wait lowers the worst bubble.
@@ -40,7 +73,7 @@ def _v_search(
     fill_b: bool,
     approved: list[float] | None,
     depth: int,
-) -> tuple[Order, list[float], float]:
+) -> tuple[StreamLists, list[float], float]:
     """A pass, then (while it lowers the worst bubble) passes that let the devices with
     less bubble than the worst wait, up to ``depth`` times."""
     order, bubble, span = _v_pass(problem, limit, fill_f, fill_b, approved)
@@ -60,7 +93,7 @@ def _v_pass(  # noqa: C901 - one greedy pass, kept close to the paper's
     fill_f: bool,
     fill_b: bool,
     approved: list[float] | None,
-) -> tuple[Order, list[float], float]:
+) -> tuple[StreamLists, list[float], float]:
     p, m = problem.p, problem.m
     bld = OrderBuilder(problem, limit)
     devs = [DeviceState(d, (d, 2 * p - 1 - d), limit[d]) for d in range(p)]

@@ -1,0 +1,148 @@
+"""Warm starts: every registered generator's schedule that fits the problem as it is.
+
+:func:`candidates` runs the warm-start generators of :data:`~.registry.REGISTRY` in
+their order, times each order with the simulator, keeps those that have the problem's
+placement and fit its caps, and (with offload allowed) also tries the classic and list
+schedules made without the caps with copies in their gaps. A deadline stops it early,
+keeping what it has (and at least one schedule when the caps admit any).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from pp_opt.errors import PPOptError
+from pp_opt.order import Order
+from pp_opt.orders.common import same_placement
+from pp_opt.orders.offload_warm import roomy, with_offloads
+from pp_opt.orders.registry import REGISTRY, Entry
+from pp_opt.problem import Problem
+from pp_opt.schedule import Schedule, SolverInfo, Status
+from pp_opt.simulator import simulate
+
+log = logging.getLogger(__name__)
+
+MEMORY_TOL = 1e-6
+"""Relative slack on the caps, that of :func:`pp_opt.validator.validate`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A warm start: its name (generator and setting) and its timed schedule."""
+
+    name: str
+    schedule: Schedule
+
+    @property
+    def objective(self) -> float:
+        return self.schedule.objective_value()
+
+
+def candidates(
+    problem: Problem,
+    *,
+    fractions: Sequence[float] = (1.0,),
+    deadline: float | None = None,
+    names: Collection[str] | None = None,
+) -> list[Candidate]:
+    """Warm starts of ``problem``, best objective first (ties in registry order).
+
+    Parameters
+    ----------
+    problem
+        The problem as it will be solved: candidates keep its placement and fit its caps.
+    fractions
+        Offload fractions allowed; offload warm starts move the largest.
+    deadline
+        ``time.perf_counter()`` value after which no further generator starts (the
+        running one may finish); None for no limit. Generation goes on past it until
+        one candidate is found.
+    names
+        Only these registry entries (all warm-start entries by default).
+
+    Returns
+    -------
+    list[Candidate]
+        Timed by the simulator and under the caps, not validated yet: the caller
+        validates the one it takes.
+    """
+    fraction = max(fractions, default=1.0)
+    found: list[tuple[float, int, Candidate]] = []
+    entries = [
+        (name, entry)
+        for name, entry in REGISTRY.items()
+        if entry.warm_start and (names is None or name in names)
+    ]
+    for rank, (name, entry) in enumerate(entries):
+        if found and _past(deadline):
+            log.info("warm starts: out of time before %s", name)
+            break
+        order = _generate(name, entry, problem, fraction=fraction, deadline=deadline)
+        if order is None or not same_placement(order.problem, problem):
+            continue
+        _keep(found, rank, order, problem, order.name or name)
+    if problem.offload and not problem.host_links and not (found and _past(deadline)):
+        base = roomy(problem)
+        for rank, (name, entry) in enumerate(entries, start=len(entries)):
+            if not entry.offload_base or (found and _past(deadline)):
+                continue
+            made = _generate(name, entry, base, fraction=fraction, deadline=deadline)
+            if made is None or not same_placement(made.problem, problem):
+                continue
+            try:
+                timed = simulate(made, solver=_info(made.name or name))
+                offloaded = with_offloads(problem, timed, fraction)
+                _keep(found, rank, offloaded, problem, offloaded.name)
+            except PPOptError as err:
+                log.debug("offload warm start from %s skipped: %s", name, err)
+    found.sort(key=lambda item: (item[0], item[1]))
+    return [candidate for _, _, candidate in found]
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.perf_counter() > deadline
+
+
+def _generate(
+    name: str, entry: Entry, problem: Problem, *, fraction: float, deadline: float | None
+) -> Order | None:
+    """The entry's order of ``problem``, or None (logged) when it has none."""
+    available = {"fraction": fraction, "deadline": deadline}
+    options = {key: value for key, value in available.items() if key in entry.options}
+    try:
+        order: Order = entry.generator(problem, **options)
+    except PPOptError as err:
+        log.debug("warm start %s skipped: %s", name, err)
+        return None
+    return order
+
+
+def _keep(
+    found: list[tuple[float, int, Candidate]], rank: int, order: Order, problem: Problem, name: str
+) -> None:
+    """Time ``order`` and keep it (as ``name``) when it fits the caps."""
+    try:
+        schedule = simulate(order, solver=_info(name))
+    except PPOptError as err:
+        log.debug("warm start %s skipped: %s", name, err)
+        return
+    if not fits(problem, schedule):
+        log.debug("warm start %s is over the caps", name)
+        return
+    found.append((schedule.objective_value(), rank, Candidate(name, schedule)))
+
+
+def fits(problem: Problem, schedule: Schedule) -> bool:
+    """Whether every device's peak memory is within its cap (the validator's slack)."""
+    slack = MEMORY_TOL * max(1.0, max(d.cap for d in problem.devices))
+    return all(
+        peak <= d.cap + slack
+        for peak, d in zip(schedule.metrics.peak_memory, problem.devices, strict=True)
+    )
+
+
+def _info(name: str) -> SolverInfo:
+    return SolverInfo(name=name, status=Status.HEURISTIC, objective=0.0)

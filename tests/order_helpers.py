@@ -1,0 +1,36 @@
+"""Time hand-written op orders: the variant comes from the op kinds the order uses."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from pp_opt.ops import OpKey, Stream
+from pp_opt.order import Order, Variant
+from pp_opt.problem import Problem
+from pp_opt.schedule import Schedule
+from pp_opt.simulator import simulate
+
+
+def order(
+    problem: Problem,
+    streams: Mapping[tuple[int, Stream], Sequence[OpKey]],
+    *,
+    fractions: Mapping[OpKey, float] | None = None,
+    waits: Iterable[tuple[OpKey, OpKey]] = (),
+) -> Order:
+    """An :class:`Order` of ``problem`` in the variant its op kinds use."""
+    kinds = [key.kind for keys in streams.values() for key in keys]
+    variant = Variant.of_kinds(kinds, split_backward=problem.split_backward)
+    return Order(problem=problem, streams=streams, fractions=dict(fractions or {}),
+                 waits=tuple(waits), variant=variant)  # fmt: skip
+
+
+def timed(
+    problem: Problem,
+    streams: Mapping[tuple[int, Stream], Sequence[OpKey]],
+    *,
+    fractions: Mapping[OpKey, float] | None = None,
+    waits: Iterable[tuple[OpKey, OpKey]] = (),
+) -> Schedule:
+    """:func:`pp_opt.simulator.simulate` of :func:`order`."""
+    return simulate(order(problem, streams, fractions=fractions, waits=waits))
