@@ -15,13 +15,13 @@ OBJECTIVES = ("makespan", "span")
 def _check_number(field_name: str, value: Any, *, positive: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ProblemError(field_name, f"got {value!r}; expected a number")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ProblemError(field_name, f"got {value}; expected a finite number")
-    if value < 0 or (positive and value == 0):
+    number = float(value)
+    if not math.isfinite(number):
+        raise ProblemError(field_name, f"got {number}; expected a finite number")
+    if number < 0 or (positive and number == 0):
         need = "greater than 0" if positive else "0 or more"
-        raise ProblemError(field_name, f"got {value:g}; it must be {need}")
-    return value
+        raise ProblemError(field_name, f"got {number:g}; it must be {need}")
+    return number
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -27,6 +27,11 @@ _PRIORITY = {OpKind.B: 0, OpKind.BW: 0, OpKind.R: 0, OpKind.W: 1, OpKind.F: 2}
 _BFW = {OpKind.B: 0, OpKind.BW: 0, OpKind.F: 1, OpKind.W: 2}
 
 StreamLists = dict[tuple[int, Stream], list[OpKey]]
+Item = tuple[Any, ...]
+"""A heap entry: ``(ready, class, microbatch, stage, key)`` or, in a ready pool,
+``(microbatch, stage, ready, key)``; the op key is always last."""
+Choice = tuple[tuple[float, int], int, tuple[list[Item], Item]]
+"""A device's next op: ``((start, class), device, (its heap or pool, its entry))``."""
 
 
 def in_flight_limit(problem: Problem) -> int:
@@ -141,7 +146,7 @@ def _list_order(  # noqa: C901 - one event loop
     def fits(key: OpKey) -> bool:
         device = problem.device_of(key.stage)
         extra = above[key.stage] if reserve else 0.0
-        return memory[device] + dag.nodes[key]["mem_start"] + extra <= room[device]
+        return memory[device] + float(dag.nodes[key]["mem_start"]) + extra <= room[device]
 
     def admissible(key: OpKey) -> bool:
         device = problem.device_of(key.stage)
@@ -152,7 +157,7 @@ def _list_order(  # noqa: C901 - one event loop
         first = key.stage == 0 and key.kind is OpKind.F and key.microbatch not in started
         return not first or in_flight < k
 
-    def first_admissible(heap: list) -> tuple | None:
+    def first_admissible(heap: list[Item]) -> Item | None:
         popped, found = [], None
         while heap:
             popped.append(heapq.heappop(heap))
@@ -163,7 +168,7 @@ def _list_order(  # noqa: C901 - one event loop
             heapq.heappush(heap, it)
         return found
 
-    def best_of(device: int) -> tuple | None:
+    def best_of(device: int) -> Choice | None:
         """The device's next op: the best ready class by the time it is free, else the
         earliest to become ready (ties by microbatch, then stage)."""
         heap, pool = heaps[device], pools[device]
@@ -180,7 +185,7 @@ def _list_order(  # noqa: C901 - one event loop
         return (item[0], item[1]), device, (heap, item)
 
     # A device's best op only changes when something happens on it: cache the rest.
-    cache: dict[int, tuple | None] = {}
+    cache: dict[int, Choice | None] = {}
     dirty = set(range(problem.p))
     first_device = problem.device_of(0)
     remaining = dag.number_of_nodes()

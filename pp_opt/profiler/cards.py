@@ -12,10 +12,12 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pp_opt.cards import card_infos, card_names, card_text
 from pp_opt.errors import ProblemError
+
+Card = TypeVar("Card", "ModelCard", "HardwareCard")
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 GIB = 1024**3
@@ -178,7 +180,7 @@ def _choice(field: str, value: Any, allowed: tuple[str, ...]) -> None:
         raise ProblemError(field, f"unknown {value!r}; use one of {', '.join(allowed)}")
 
 
-def _card_from(kind: str, cls: type, data: Mapping[str, Any], default_name: str) -> Any:
+def _card_from(kind: str, cls: type[Card], data: Mapping[str, Any], default_name: str) -> Card:
     allowed = [f.name for f in fields(cls)]
     for key in data:
         if key not in allowed:

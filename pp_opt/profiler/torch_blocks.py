@@ -16,6 +16,7 @@ autograd function that keeps its input and rstd, as fused kernels do. No rotary 
 from __future__ import annotations
 
 import math
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -53,13 +54,19 @@ class WeightGradStore:
 
 class _DeferredLinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, store):
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        store: WeightGradStore,
+    ) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.bias, ctx.store = bias, store
         return F.linear(x, weight, bias)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         x, weight = ctx.saved_tensors
         ctx.store.items.append((x, grad, weight, ctx.bias))
         return grad.matmul(weight), None, None, None
@@ -67,13 +74,13 @@ class _DeferredLinear(torch.autograd.Function):
 
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, eps):
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
         ctx.save_for_backward(x, rstd, weight)
         return (x.float() * rstd).to(x.dtype) * weight
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
         x, rstd, weight = ctx.saved_tensors
         xhat = x.float() * rstd
         gw = grad.float() * weight.float()
@@ -89,7 +96,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _RMSNorm.apply(x, self.weight, self.eps)
+        # Function.apply has no type hints.
+        return cast(torch.Tensor, _RMSNorm.apply(x, self.weight, self.eps))  # type: ignore[no-untyped-call]
 
 
 def _norm(card: ModelCard) -> nn.Module:
@@ -104,7 +112,8 @@ class _Deferrable(nn.Module):
     def linear(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         if self.store is None:
             return F.linear(x, layer.weight, layer.bias)
-        return _DeferredLinear.apply(x, layer.weight, layer.bias, self.store)
+        out = _DeferredLinear.apply(x, layer.weight, layer.bias, self.store)  # type: ignore[no-untyped-call]
+        return cast(torch.Tensor, out)
 
 
 class DecoderBlock(_Deferrable):

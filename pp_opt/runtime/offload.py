@@ -172,7 +172,7 @@ class ActivationOffloader:
         if stream is None:
             raise RuntimeError("reload on CUDA without a copy stream; build it with a CUDA device")
         # Start only after the compute issued before this reload (and its frees) is done:
-        # the schedule's cross-stream wait (pp_opt.simulator.waits_of), so memory stays
+        # the schedule's cross-stream wait (pp_opt.simulator.order_of), so memory stays
         # within what the solver planned.
         stream.wait_stream(torch.cuda.current_stream(self.device))
         if copied is not None:

@@ -50,6 +50,18 @@ class PPOptPipelineSchedule(_PipelineScheduleRuntime):
     offloader: ActivationOffloader | None = None
     schedule: Schedule
 
+    def __init__(
+        self,
+        stages: list[PipelineStage],
+        *,
+        n_microbatches: int,
+        loss_fn: Callable[..., torch.Tensor] | None,
+        scale_grads: bool,
+    ) -> None:
+        super().__init__(  # type: ignore[no-untyped-call]  # PyTorch's takes *args, **kwargs
+            stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=scale_grads
+        )
+
     def step(self, *args: Any, **kwargs: Any) -> Any:
         if self.offloader is not None:
             self.offloader.reset()

@@ -58,7 +58,7 @@ def solve_cpsat(problem: Problem, dag: nx.DiGraph, options: SolveOptions) -> Bac
     )
 
 
-class _ProgressCallback(cp_model.CpSolverSolutionCallback):  # type: ignore[misc]
+class _ProgressCallback(cp_model.CpSolverSolutionCallback):
     def __init__(
         self,
         options: SolveOptions,

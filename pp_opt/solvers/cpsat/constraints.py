@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
 
 import networkx as nx
 from ortools.sat.python import cp_model
 
 from pp_opt.ops import OpKey, OpKind, Stream, memory_delta
-from pp_opt.solvers.cpsat.variables import OpVar, Variables
+from pp_opt.solvers.cpsat.variables import OpRef, OpVar, Variables
 
 
 def add_choices(model: cp_model.CpModel, v: Variables) -> None:
@@ -41,7 +40,7 @@ def add_precedences(model: cp_model.CpModel, v: Variables, dag: nx.DiGraph) -> N
 
 def add_no_overlap(model: cp_model.CpModel, v: Variables) -> None:
     """One op at a time per (device, stream); devices sharing a host link share its copies."""
-    groups: dict[tuple, list[cp_model.IntervalVar]] = defaultdict(list)
+    groups: dict[tuple[tuple[str, int], Stream], list[cp_model.IntervalVar]] = defaultdict(list)
     for op in v.all_op_vars():
         link = None if op.stream is Stream.COMPUTE else v.problem.link_group(op.device)
         owner = ("device", op.device) if link is None else ("link", link)
@@ -51,27 +50,37 @@ def add_no_overlap(model: cp_model.CpModel, v: Variables) -> None:
             model.add_no_overlap(intervals)
 
 
-def _lifetimes(allocs: list[tuple[Any, float]], frees: list[tuple[Any, float]]) -> list[tuple]:
+Lifetime = tuple[OpRef, OpRef, float]
+"""``(alloc, free, amount)``: memory held from one op's start or end to another's."""
+
+
+def _lifetimes(
+    allocs: list[tuple[OpRef, float]], frees: list[tuple[OpRef, float]]
+) -> list[Lifetime]:
     """Match frees to allocations first-in first-out: ``(alloc time, free time, amount)``.
 
     Both lists are in the order the DAG forces on them, and each free only draws on
     allocations that precede it (an offload only on its forward, a backward on the
     forward and the reload or recompute), so the intervals reproduce the memory level.
     """
-    out = []
-    queue = [[t, amount] for t, amount in allocs if amount > 0]
+    out: list[Lifetime] = []
+    queue = [(t, amount) for t, amount in allocs if amount > 0]
     for t_free, amount in frees:
         while amount > 1e-12 and queue:
-            take = min(amount, queue[0][1])
-            out.append((queue[0][0], t_free, take))
+            t_alloc, left = queue[0]
+            take = min(amount, left)
+            out.append((t_alloc, t_free, take))
             amount -= take
-            queue[0][1] -= take
-            if queue[0][1] <= 1e-12:
+            if left - take <= 1e-12:
                 queue.pop(0)
+            else:
+                queue[0] = (t_alloc, left - take)
     return out
 
 
-def _memory_uses(v: Variables, s: int, j: int) -> list[tuple]:
+def _memory_uses(
+    v: Variables, s: int, j: int
+) -> list[tuple[OpRef, OpRef, float, cp_model.IntVar | None]]:
     """``(alloc, free, amount, literal)`` lifetimes of one activation, for each choice.
 
     ``alloc`` and ``free`` are ``(op, at_end)`` references to op variables.
@@ -115,7 +124,9 @@ def add_memory(model: cp_model.CpModel, v: Variables) -> None:
     Lifetimes are half-open ``[alloc, free)``, so a free and an allocation at the
     same time do not overlap, as in :func:`pp_opt.metrics.memory_events`.
     """
-    per_device: dict[int, tuple[list, list]] = defaultdict(lambda: ([], []))
+    per_device: dict[int, tuple[list[cp_model.IntervalVar], list[int]]] = defaultdict(
+        lambda: ([], [])
+    )
     for s in range(v.problem.num_stages):
         device = v.problem.device_of(s)
         for j in range(v.problem.m):

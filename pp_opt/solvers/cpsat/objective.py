@@ -9,7 +9,7 @@ from ortools.sat.python import cp_model
 
 from pp_opt.bounds import lower_bound
 from pp_opt.ops import OpKind
-from pp_opt.solvers.cpsat.variables import Variables
+from pp_opt.solvers.cpsat.variables import OpVar, Variables
 
 
 def add_objective(
@@ -26,8 +26,8 @@ def add_objective(
     top = v.horizon if upper is None else min(upper, v.horizon)
     obj = model.new_int_var(0, top, objective)
     last_kinds = (OpKind.W, OpKind.BW)
-    firsts: dict[int, list] = defaultdict(list)
-    lasts: dict[int, list] = defaultdict(list)
+    firsts: dict[int, list[OpVar]] = defaultdict(list)
+    lasts: dict[int, list[OpVar]] = defaultdict(list)
     for op in v.ops.values():
         if op.key.kind is OpKind.F:
             firsts[op.device].append(op)

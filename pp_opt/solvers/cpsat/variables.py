@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import networkx as nx
 from ortools.sat.python import cp_model
@@ -32,6 +33,10 @@ class OpVar:
         return self.start + self.size
 
 
+OpRef = tuple[OpVar, bool]
+"""An op variable and whether its end (True) or its start (False) is meant."""
+
+
 @dataclass(kw_only=True, slots=True)
 class OffloadChoice:
     """Offload then reload a fraction of one activation (both present iff ``literal``)."""
@@ -56,7 +61,7 @@ class Variables:
     offloads: dict[tuple[int, int], list[OffloadChoice]] = field(default_factory=dict)
     keep: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
     """Literal "activation kept", for activations that have another choice."""
-    lifetimes: list[tuple] = field(default_factory=list)
+    lifetimes: list[tuple[cp_model.IntVar, OpRef, OpRef]] = field(default_factory=list)
     """``(size, alloc, free)`` of each memory interval; ``alloc``/``free`` are ``(op, at_end)``."""
     span_vars: dict[int, tuple[cp_model.IntVar, cp_model.IntVar]] = field(default_factory=dict)
     """Per device, first start and last end (``span`` objective only)."""
@@ -108,7 +113,7 @@ def _op_var(
     model: cp_model.CpModel,
     v: Variables,
     key: OpKey,
-    data: dict,
+    data: dict[str, Any],
     *,
     literal: cp_model.IntVar | None = None,
     fraction: float = 1.0,

@@ -244,7 +244,7 @@ def _float_or(text: str, default: float | None) -> float | None:
         return default
 
 
-class _WarmHiGHS(pulp.HiGHS):
+class _WarmHiGHS(pulp.HiGHS):  # type: ignore[misc]  # PuLP has no type hints
     """PuLP's HiGHS interface, plus the variables' initial values as a MIP start and
     progress reports from HiGHS's callbacks."""
 

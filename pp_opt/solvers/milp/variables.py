@@ -201,7 +201,7 @@ def evaluate(expr: Expr, values: dict[str, float]) -> float:
         return float(expr)
     if isinstance(expr, pulp.LpVariable):
         return values[expr.name]
-    return float(expr.constant) + sum(c * values[v.name] for v, c in expr.items())
+    return float(expr.constant + sum(c * values[v.name] for v, c in expr.items()))
 
 
 def hint_start(key: OpKey) -> Hint:
