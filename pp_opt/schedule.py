@@ -91,6 +91,15 @@ class Schedule:
         own = [op for op in self.ops if self.problem.device_of(op.stage) == device]
         return sorted(own, key=execution_order_key)
 
+    def by_device(self) -> list[list[ScheduledOp]]:
+        """:meth:`device_ops` of every device, in one pass over the ops."""
+        rows: list[list[ScheduledOp]] = [[] for _ in range(self.problem.p)]
+        for op in self.ops:
+            rows[self.problem.device_of(op.stage)].append(op)
+        for row in rows:
+            row.sort(key=execution_order_key)
+        return rows
+
     def stream_order(self, device: int, stream: Stream) -> list[ScheduledOp]:
         return [op for op in self.device_ops(device) if op.stream is stream]
 

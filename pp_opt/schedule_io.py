@@ -27,9 +27,9 @@ def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
     solver_dict = {k: getattr(solver, k) for k in _SOLVER_KEYS} | solver.extra
     metrics = {k: getattr(schedule.metrics, k) for k in _METRIC_KEYS}
     devices = []
-    for device in range(schedule.problem.p):
+    for device, own in enumerate(schedule.by_device()):
         rows = []
-        for op in schedule.device_ops(device):
+        for op in own:
             row: dict[str, Any] = {
                 "op": op.kind.value,
                 "stage": op.stage,

@@ -132,10 +132,8 @@ def order_of(schedule: Schedule) -> Order:
     ``simulate(order_of(schedule))`` re-times it (see :func:`retime`).
     """
     streams: dict[QueueKey, list[OpKey]] = {}
-    by_device: list[list[ScheduledOp]] = []
-    for device in range(schedule.problem.p):
-        own = schedule.device_ops(device)
-        by_device.append(own)
+    by_device = schedule.by_device()
+    for device, own in enumerate(by_device):
         for op in own:
             streams.setdefault((device, op.stream), []).append(op.key)
     fractions = {op.key: op.fraction for op in schedule.ops if op.fraction != 1.0}

@@ -63,13 +63,13 @@ def trace_events(schedule: Schedule, *, time_unit_us: float = TIME_UNIT_US) -> d
     """
     if not time_unit_us > 0:
         raise ProblemError("time_unit_us", f"got {time_unit_us!r}; it must be greater than 0")
-    problem = schedule.problem
     events: list[dict[str, Any]] = []
-    for device in range(problem.p):
-        streams = {op.stream for op in schedule.device_ops(device)} | {Stream.COMPUTE}
+    by_device = schedule.by_device()
+    for device, own in enumerate(by_device):
+        streams = {op.stream for op in own} | {Stream.COMPUTE}
         events += _metadata_events(device, streams)
-    for device in range(problem.p):
-        events += [_op_event(op, device, time_unit_us) for op in schedule.device_ops(device)]
+    for device, own in enumerate(by_device):
+        events += [_op_event(op, device, time_unit_us) for op in own]
     events += _memory_counters(schedule, time_unit_us)
     return {
         "traceEvents": events,

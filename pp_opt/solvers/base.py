@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,6 +39,20 @@ class SolveOptions:
     """Called as the incumbent or the bound improves; None for silence."""
     offload_fractions: tuple[float, ...] = (1.0,)
     """Fractions of an activation an ``OFFLOAD`` may move (when the problem allows offload)."""
+
+
+class OutOfTime(Exception):
+    """Building a model used up the backend's time; it then reports ``timeout``."""
+
+
+def check_time(deadline: float | None) -> None:
+    """Raise :class:`OutOfTime` once ``time.perf_counter()`` is past ``deadline``.
+
+    Backends call it between the steps of building their model, so a large model does
+    not overrun the time limit by its whole build time.
+    """
+    if deadline is not None and time.perf_counter() > deadline:
+        raise OutOfTime
 
 
 @dataclass(kw_only=True, slots=True)

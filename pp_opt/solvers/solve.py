@@ -100,9 +100,13 @@ def solve(
     deadline = started + WARM_START_SHARE * time_limit
     warm = _warm_start(problem, warm_start, options.offload_fractions, deadline)
     options.warm_start = warm[1] if warm else None
-    dag = dag_for(problem)
-    options.time_limit = max(0.1, time_limit - (time.perf_counter() - started))
-    result = _backend(solver)(problem, dag, options)
+    left = time_limit - (time.perf_counter() - started)
+    if left > 0:
+        options.time_limit = max(0.1, left)
+        result = _backend(solver)(problem, dag_for(problem), options)
+    else:  # the warm starts used all the time: the backend gets none
+        result = BackendResult(status=Status.TIMEOUT, objective=None, bound=None, seconds=0.0,
+                               ops=None)  # fmt: skip
     found = _checked(problem, result, solver)
     bound = lower_bound(problem, options.objective)
     if result.bound is not None:

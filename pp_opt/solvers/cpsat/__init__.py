@@ -13,7 +13,8 @@ import networkx as nx
 from ortools.sat.python import cp_model
 
 from pp_opt.problem import Problem
-from pp_opt.solvers.base import BackendResult, Progress, SolveOptions
+from pp_opt.schedule import Status
+from pp_opt.solvers.base import BackendResult, OutOfTime, Progress, SolveOptions
 from pp_opt.solvers.cpsat.model import build_model
 from pp_opt.solvers.cpsat.solution import STATUS, read_ops
 
@@ -31,7 +32,14 @@ def solve_cpsat(problem: Problem, dag: nx.DiGraph, options: SolveOptions) -> Bac
     and thread count (``interleave_search``) unless the time limit cuts it short.
     """
     started = time.perf_counter()
-    built = build_model(problem, dag, options)
+    try:
+        built = build_model(problem, dag, options, deadline=started + options.time_limit)
+    except OutOfTime:
+        seconds = time.perf_counter() - started
+        log.info("cpsat: no time left to search after %.2f s of building the model", seconds)
+        return BackendResult(
+            status=Status.TIMEOUT, objective=None, bound=None, seconds=seconds, ops=None
+        )
     solver = cp_model.CpSolver()
     params = solver.parameters
     params.max_time_in_seconds = max(0.01, options.time_limit - (time.perf_counter() - started))

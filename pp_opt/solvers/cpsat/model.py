@@ -14,7 +14,7 @@ import networkx as nx
 from ortools.sat.python import cp_model
 
 from pp_opt.problem import Problem
-from pp_opt.solvers.base import SolveOptions
+from pp_opt.solvers.base import SolveOptions, check_time
 from pp_opt.solvers.cpsat.constraints import (
     add_choices,
     add_memory,
@@ -43,17 +43,21 @@ class CpsatModel:
     scaling: Scaling
 
 
-def build_model(problem: Problem, dag: nx.DiGraph, options: SolveOptions) -> CpsatModel:
+def build_model(
+    problem: Problem, dag: nx.DiGraph, options: SolveOptions, *, deadline: float | None = None
+) -> CpsatModel:
     """The CP-SAT model of ``dag`` (times in the integer units of :func:`choose_scaling`).
 
     A warm start, timed in model units, bounds the objective (and the horizon, for
-    ``makespan``) and hints every variable.
+    ``makespan``) and hints every variable. Raises :class:`OutOfTime` between steps once
+    ``time.perf_counter()`` passes ``deadline``.
     """
     fractions = tuple(options.offload_fractions) if dag.graph.get("offload") else ()
     scaling = choose_scaling(problem, fractions or (1.0,))
     scaled = scaled_problem(problem, scaling)
     horizon = serial_horizon(scaled, dag, fractions or (1.0,))
     warm = warm_times(options.warm_start, problem, scaled, dag)
+    check_time(deadline)
     upper = None
     if warm is not None:
         upper = objective_of(warm, options.objective)
@@ -64,10 +68,15 @@ def build_model(problem: Problem, dag: nx.DiGraph, options: SolveOptions) -> Cps
     # Constraint families, in this order: the choice per activation, the DAG
     # precedences, one op per stream, the memory caps, then symmetry breaking.
     add_choices(model, v)
+    check_time(deadline)
     add_precedences(model, v, dag)
+    check_time(deadline)
     add_no_overlap(model, v)
+    check_time(deadline)
     add_memory(model, v)
+    check_time(deadline)
     add_symmetry_breaking(model, v)
+    check_time(deadline)
     obj = add_objective(model, v, options.objective, upper=upper)
     if warm is not None:
         add_hints(model, v, warm, obj, options.objective)

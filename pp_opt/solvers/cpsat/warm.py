@@ -28,8 +28,8 @@ def warm_times(
         return None
     split = bool(dag.graph.get("split_backward"))
     order: dict[tuple[int, Stream], list[OpKey]] = {}
-    for device in range(problem.p):
-        for op in warm.device_ops(device):
+    for device, own in enumerate(warm.by_device()):
+        for op in own:
             keys = [op.key]
             if split and op.kind is OpKind.BW:
                 keys = [
@@ -90,8 +90,9 @@ def add_hints(
             a = start[id(alloc[0])] + (alloc[0].size if alloc[1] else 0)
             b = start[id(free[0])] + (free[0].size if free[1] else 0)
             model.add_hint(size, max(0, b - a))
+    by_device = warm.by_device()
     for device, (first, last) in v.span_vars.items():
-        own = warm.device_ops(device)
+        own = by_device[device]
         model.add_hint(
             first, 0 if objective == "makespan" else int(round(min(op.start for op in own)))
         )

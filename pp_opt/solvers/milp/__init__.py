@@ -20,10 +20,11 @@ from pp_opt.metrics import compute_metrics
 from pp_opt.ops import OpKind
 from pp_opt.problem import Problem
 from pp_opt.schedule import ScheduledOp, Status
-from pp_opt.solvers.base import BackendResult, Progress, SolveOptions
+from pp_opt.solvers.base import BackendResult, OutOfTime, Progress, SolveOptions
 from pp_opt.solvers.milp.backends import BACKENDS, RunOutcome, RunSettings, run_backend
 from pp_opt.solvers.milp.model import build_model
 from pp_opt.solvers.milp.solution import read_ops
+from pp_opt.solvers.milp.variables import MilpModel
 from pp_opt.solvers.milp.warm import apply_warm_start, warm_ops, warm_values
 
 __all__ = ["BACKENDS", "solve_milp"]
@@ -71,20 +72,26 @@ def solve_milp(
     if backend not in BACKENDS:
         raise ProblemError("backend", f"unknown {backend!r}; use one of {', '.join(BACKENDS)}")
     started = time.monotonic()
+    deadline = time.perf_counter() + options.time_limit
     warm = warm_ops(problem, dag, options.warm_start) if options.warm_start else None
     warm_value = _objective(problem, warm, options.objective) if warm else None
     _report(options, started, warm_value, None)
-    model = build_model(
-        problem,
-        dag,
-        objective_name=options.objective,
-        horizon=_horizon(problem, dag, options, warm_value),
-        fractions=tuple(options.offload_fractions),
-        objective_bound=warm_value,
-        symmetry=symmetry,
-    )
-    values = warm_values(model, warm) if warm else None
-    if values is not None:
+    try:
+        model: MilpModel | None = build_model(
+            problem,
+            dag,
+            objective_name=options.objective,
+            horizon=_horizon(problem, dag, options, warm_value),
+            fractions=tuple(options.offload_fractions),
+            objective_bound=warm_value,
+            symmetry=symmetry,
+            deadline=deadline,
+        )
+    except OutOfTime:
+        log.info("milp: no time left to search after building part of the model")
+        model = None
+    values = warm_values(model, warm) if warm and model else None
+    if model is not None and values is not None:
         apply_warm_start(model, values)
     settings = RunSettings(
         time_limit=options.time_limit,
@@ -94,13 +101,15 @@ def solve_milp(
         progress=options.progress,
         started=started,
     )
-    if model.infeasible or time.monotonic() - started >= options.time_limit:
-        # A cap that precedences alone break, or no time left after building the model.
-        outcome = RunOutcome(proved_optimal=False, proved_infeasible=model.infeasible,
+    if model is None or model.infeasible or time.monotonic() - started >= options.time_limit:
+        # No time left after building (part of) the model, or a cap that precedences
+        # alone break.
+        infeasible = model is not None and model.infeasible
+        outcome = RunOutcome(proved_optimal=False, proved_infeasible=infeasible,
                              has_solution=False, bound=None)  # fmt: skip
     else:
         outcome = run_backend(model.lp, backend, settings)
-    found = read_ops(model) if outcome.has_solution else None
+    found = read_ops(model) if model is not None and outcome.has_solution else None
     value = _objective(problem, found, options.objective) if found else None
     status = Status.OPTIMAL if outcome.proved_optimal and found else Status.FEASIBLE
     if warm and warm_value is not None and (value is None or value > warm_value + 1e-9):

@@ -17,6 +17,7 @@ import pulp
 
 from pp_opt.ops import OpKey, OpKind
 from pp_opt.problem import Problem
+from pp_opt.solvers.base import check_time
 from pp_opt.solvers.milp import constraints, objective
 from pp_opt.solvers.milp.variables import MilpModel, Variables, create_variables
 
@@ -32,11 +33,14 @@ def build_model(
     fractions: tuple[float, ...],
     objective_bound: float | None = None,
     symmetry: bool = True,
+    deadline: float | None = None,
 ) -> MilpModel:
     """Build the MILP of ``dag`` with start times in ``[0, horizon]``.
 
     ``objective_bound`` (the warm start's value) caps the objective: the answer
     is never worse than the warm start anyway, and the cap prunes the search.
+    Raises :class:`OutOfTime` between steps once ``time.perf_counter()`` passes
+    ``deadline``.
     """
     lp = pulp.LpProblem("pp_opt", pulp.LpMinimize)
     model = MilpModel(
@@ -54,12 +58,16 @@ def build_model(
     if symmetry:
         _add_symmetry_edges(model)
     _time_windows(model)
+    check_time(deadline)
     # The constraint families, in this order (later ones reuse the binaries of earlier ones):
     constraints.activation_choice(model)  # keep, offload (one fraction) or recompute
     constraints.precedence(model)  # DAG edges with their latency
     constraints.symmetry(model)  # same-kind ops of a stage in microbatch order
+    check_time(deadline)
     constraints.disjunctive(model)  # one op at a time per stream / shared host link
+    check_time(deadline)
     constraints.memory(model)  # cap minus static memory at every allocation
+    check_time(deadline)
     objective.set_objective(model, bound=objective_bound)
     return model
 
