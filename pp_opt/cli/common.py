@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from pp_opt.errors import ProblemError
 from pp_opt.problem import Device, Problem
 from pp_opt.problem_io import load_problem, resplit
 
@@ -53,6 +54,17 @@ ChunksAlias = typer.Option(None, "--chunks", hidden=True, help="Former name of -
 VppAlias = typer.Option(None, "--vpp", hidden=True, help="Former name of --v.")
 ObjectiveOption = typer.Option(None, "--objective", help="makespan or span.")
 QuietOption = typer.Option(False, "--quiet", "-q", help="No progress output.")
+LayersOption = typer.Option(None, "--layers", help="Layers per stage, e.g. 2,3,3,2.")
+
+
+def layers_per_stage(text: str | None) -> list[int] | None:
+    """``2,3,3,2`` as a list of integers (None when not given)."""
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",")]
+    except ValueError:
+        raise ProblemError("layers", f"got {text!r}; give comma-separated integers") from None
 
 
 def chunks_per_device(v: int | None, **former: int | None) -> int | None:

@@ -8,17 +8,7 @@ from pathlib import Path
 
 import typer
 
-from pp_opt.cli.common import VppAlias, chunks_per_device
-from pp_opt.errors import ProblemError
-
-
-def _layers(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        return [int(x) for x in text.replace(" ", "").split(",")]
-    except ValueError:
-        raise ProblemError("layers", f"got {text!r}; give comma-separated integers") from None
+from pp_opt.cli.common import LayersOption, VppAlias, chunks_per_device, layers_per_stage
 
 
 def profile(
@@ -32,7 +22,7 @@ def profile(
     mbs: int = typer.Option(1, "--mbs", help="Microbatch size (sequences)."),
     seq: int | None = typer.Option(None, "--seq", help="Sequence length (card default)."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree (sequence parallel)."),
-    layers: str | None = typer.Option(None, "--layers", help="Layers per stage, e.g. 2,3,3,2."),
+    layers: str | None = LayersOption,
     recompute: str = typer.Option("none", "--recompute", help="none or selective."),
     bytes_per_param: float = typer.Option(16.0, "--bytes-per-param", help="Static bytes."),
     measure: bool = typer.Option(False, "--measure", help="Time PyTorch modules (CUDA/CPU)."),
@@ -47,7 +37,7 @@ def profile(
     chunks = chunks_per_device(v, vpp=vpp) or 1
     data = profile_costs(
         model=str(model), hardware=str(hardware), pp=pp, v=chunks, placement=placement,
-        microbatches=microbatches, mbs=mbs, seq=seq, tp=tp, layers=_layers(layers),
+        microbatches=microbatches, mbs=mbs, seq=seq, tp=tp, layers=layers_per_stage(layers),
         measure=measure, recompute=recompute, bytes_per_param=bytes_per_param, repeats=repeats,
         threads=threads,
     )  # fmt: skip

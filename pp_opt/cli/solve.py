@@ -11,6 +11,7 @@ import typer
 from pp_opt.cli.common import (
     CapOption,
     ChunksAlias,
+    LayersOption,
     ObjectiveOption,
     PlacementOption,
     QuietOption,
@@ -18,6 +19,7 @@ from pp_opt.cli.common import (
     VppAlias,
     apply_overrides,
     chunks_per_device,
+    layers_per_stage,
     problem_with_overrides,
 )
 from pp_opt.errors import PPOptError, ProblemError
@@ -80,7 +82,8 @@ def _load(
         model=profile["model"], hardware=profile["hardware"], pp=profile["pp"],
         v=v or (2 if target == "v" else 1),
         placement=target, microbatches=profile["microbatches"], mbs=profile["mbs"],
-        seq=profile["seq"], tp=profile["tp"], measure=profile["measure"],
+        seq=profile["seq"], tp=profile["tp"], layers=profile["layers"],
+        measure=profile["measure"],
     )  # fmt: skip
     return apply_overrides(
         problem, cap=cap, objective=objective, offload=offload, recompute=recompute
@@ -112,6 +115,7 @@ def solve(
     mbs: int = typer.Option(1, "--mbs", help="Microbatch size."),
     seq: int | None = typer.Option(None, "--seq", help="Sequence length."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree."),
+    layers: str | None = LayersOption,
     measure: bool = typer.Option(False, "--measure", help="Measure costs with PyTorch."),
 ) -> None:
     """Find the best schedule under the memory caps (never worse than a classic one)."""
@@ -119,7 +123,8 @@ def solve(
     from pp_opt.solvers import solve as run_solver
 
     profile = dict(model=model, hardware=hardware, pp=pp, microbatches=microbatches,
-                   mbs=mbs, seq=seq, tp=tp, measure=measure)  # fmt: skip
+                   mbs=mbs, seq=seq, tp=tp, layers=layers_per_stage(layers),
+                   measure=measure)  # fmt: skip
     chunks_v = chunks_per_device(v, chunks=chunks, vpp=vpp)
     problem = _load(problem_path, profile=profile, cap=cap, placement=placement, v=chunks_v,
                     objective=objective, offload=offload, recompute=recompute)  # fmt: skip

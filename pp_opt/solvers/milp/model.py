@@ -15,10 +15,11 @@ from __future__ import annotations
 import networkx as nx
 import pulp
 
+import pp_opt.solvers.milp.constraints as constraints
+import pp_opt.solvers.milp.objective as objective
 from pp_opt.ops import OpKey, OpKind
 from pp_opt.problem import Problem
 from pp_opt.solvers.base import check_time
-from pp_opt.solvers.milp import constraints, objective
 from pp_opt.solvers.milp.variables import MilpModel, Variables, create_variables
 
 SYMMETRIC_KINDS = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)

@@ -1,0 +1,114 @@
+"""How the package holds together: no import cycles, a light ``import pp_opt``, one DAG build
+per problem variant in a solve, and solves that keep their time limit."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+import pp_opt
+import pp_opt.dag
+from pp_opt import load_problem, solve, validate
+from pp_opt.order import Variant
+from pp_opt.problem import uniform_problem
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "pp_opt"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _import_graph() -> nx.DiGraph:
+    """Every import of a pp_opt module by another, wherever it sits (function bodies and
+    ``TYPE_CHECKING`` blocks included)."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = nx.DiGraph()
+    graph.add_nodes_from(modules)
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    base = f"{anchor}.{base}" if base else anchor
+                targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+            for target in targets:
+                if target in modules and target != name:
+                    graph.add_edge(name, target)
+    return graph
+
+
+def test_no_import_cycles() -> None:
+    graph = _import_graph()
+    assert graph.number_of_nodes() > 50
+    cycles = list(nx.simple_cycles(graph))
+    assert cycles == [], f"import cycles: {cycles[:5]}"
+
+
+def test_import_pp_opt_is_light() -> None:
+    heavy = ("ortools", "pulp", "highspy", "matplotlib", "torch")
+    code = f"import sys, pp_opt; print(','.join(m for m in {heavy!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_public_api_is_typed_and_importable() -> None:
+    for name in pp_opt.__all__:
+        assert getattr(pp_opt, name) is not None
+    assert (PACKAGE / "py.typed").is_file()
+
+
+def test_one_dag_build_per_variant_in_a_solve(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[tuple[object, Variant]] = []
+    original = pp_opt.dag.build_dag
+
+    def spy(problem, **switches):  # noqa: ANN001, ANN202 - same signature as build_dag
+        dag = original(problem, **switches)
+        built.append((problem, dag.graph["variant"]))
+        return dag
+
+    monkeypatch.setattr(pp_opt.dag, "build_dag", spy)
+    pp_opt.dag._cached_dag.cache_clear()
+    problem = uniform_problem(p=4, m=8, t_comm=0.1, m_w=0.5, name="count-dags")
+    result = solve(problem, time_limit=10)
+    variants = [variant for _, variant in built]
+    assert len(variants) == len(set(variants))  # each variant once
+    assert set(variants) == {
+        Variant(split_backward=True, offload=False, recompute=False),  # the problem's own
+        Variant(split_backward=False, offload=False, recompute=False),  # GPipe, 1F1B
+    }
+    assert all(p == problem for p, _ in built)
+    assert validate(result.schedule) == []
+
+
+@pytest.mark.slow
+def test_large_problem_keeps_a_short_time_limit() -> None:
+    problem = load_problem(ROOT / "examples" / "zb-28.3b.toml")
+    started = time.perf_counter()
+    result = solve(problem, time_limit=1)
+    assert time.perf_counter() - started < 3.0
+    assert validate(result.schedule) == []
+
+
+def test_small_problem_keeps_its_time_limit() -> None:
+    # The span of small.toml is not proved optimal in a second: the search runs to the limit.
+    problem = load_problem(ROOT / "examples" / "small.toml")
+    started = time.perf_counter()
+    result = solve(problem, time_limit=1, objective="span")
+    assert time.perf_counter() - started < 1 * 1.05 + 2
+    assert validate(result.schedule) == []
