@@ -197,3 +197,12 @@ def test_tensor_parallel_groups_share_their_host_links() -> None:
     assert two["stages"][1]["t_offload"] == pytest.approx(one["stages"][1]["t_offload"])
     assert two["devices"][1]["static"] == pytest.approx(one["devices"][1]["static"] / 2)
     assert two["t_comm"] < one["t_comm"]
+
+
+def test_vpp_is_the_former_name_of_v(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="pp_opt"):
+        old = profile_problem(model="llama2-7b", hardware="h100-80gb", pp=4, vpp=2,
+                              microbatches=8)  # fmt: skip
+    assert "vpp is deprecated; use v" in caplog.text
+    new = profile_problem(model="llama2-7b", hardware="h100-80gb", pp=4, v=2, microbatches=8)
+    assert old == new and old.extra["profile"]["layout"]["v"] == 2
