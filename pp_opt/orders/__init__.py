@@ -7,21 +7,22 @@
   (the Zero Bubble paper's cost-aware greedy, tuned by :mod:`.zb_tune`).
 - A pass: :mod:`.offload_warm` puts offload copies in the gaps of a schedule.
 
-Every generator has the signature ``(problem) -> Order``; :data:`REGISTRY` names them
-and says which are baselines and which are warm starts. :func:`baseline` times and
-validates one by name; :func:`candidates` lists the warm starts of a problem.
+Every generator has the signature ``(problem) -> Order``; :data:`REGISTRY`
+(:mod:`.registry`) names them and says which are baselines and which are warm starts.
+:func:`baseline` (:mod:`.baselines`) times and validates one by name;
+:func:`candidates` (:mod:`.warm_starts`) lists the warm starts of a problem.
 """
 
-from pp_opt.orders.baseline import (
+from pp_opt.orders.baselines import (
     baseline,
     baseline_names,
     best_baseline,
     cap_shortfall,
     fits_cap,
 )
-from pp_opt.orders.candidates import Candidate, candidates
 from pp_opt.orders.common import OrderGenerator
 from pp_opt.orders.registry import REGISTRY, Entry
+from pp_opt.orders.warm_starts import Candidate, candidates
 
 __all__ = [
     "REGISTRY",

@@ -1,7 +1,7 @@
 """Every order generator by name: what ``pp-opt baseline NAME`` runs and what warm starts try.
 
 The order of :data:`REGISTRY` matters: warm-start candidates of equal objective are
-taken in this order, and ``pp-opt baseline --help`` lists the baselines in it.
+taken in this order, and :func:`pp_opt.orders.baseline_names` lists the baselines in it.
 """
 
 from __future__ import annotations

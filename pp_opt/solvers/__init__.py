@@ -1,4 +1,5 @@
-"""Solvers: :func:`solve` runs an exact backend (CP-SAT or MILP) behind one interface.
+"""Solvers: :func:`solve` (:mod:`.entry`) runs an exact backend (CP-SAT or MILP) behind
+one interface.
 
 The backends live in :mod:`.cpsat` and :mod:`.milp`, each with the same parts
 (``variables``, ``constraints``, ``objective``, ``model``, ``solution``) and one entry
@@ -8,8 +9,8 @@ come from :mod:`pp_opt.orders`.
 
 from pp_opt.schedule import Status
 from pp_opt.solvers.base import Progress, SolveOptions
+from pp_opt.solvers.entry import SOLVERS, solve
 from pp_opt.solvers.result import SolveResult, WarmStart
-from pp_opt.solvers.solve import SOLVERS, solve
 
 __all__ = [
     "SOLVERS",

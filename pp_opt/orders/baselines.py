@@ -15,8 +15,8 @@ from dataclasses import replace
 
 from pp_opt.bounds import lower_bound
 from pp_opt.errors import InfeasibleError
-from pp_opt.orders.candidates import candidates
 from pp_opt.orders.registry import REGISTRY, get
+from pp_opt.orders.warm_starts import candidates
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule, SolverInfo, Status
 from pp_opt.simulator import simulate

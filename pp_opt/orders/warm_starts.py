@@ -14,6 +14,7 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from pp_opt.dag import dag_for
 from pp_opt.errors import PPOptError
 from pp_opt.order import Order
 from pp_opt.orders.common import same_placement
@@ -93,7 +94,9 @@ def candidates(
             if made is None or not same_placement(made.problem, problem):
                 continue
             try:
-                timed = simulate(made, solver=_info(made.name or name))
+                # The roomy problem's DAG is the problem's: only caps and switches differ.
+                dag = dag_for(problem, made.variant)
+                timed = simulate(made, dag=dag, solver=_info(made.name or name))
                 offloaded = with_offloads(problem, timed, fraction)
                 _keep(found, rank, offloaded, problem, offloaded.name)
             except PPOptError as err:
