@@ -14,6 +14,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+import networkx as nx
+
 from pp_opt.ops import OpKey, Stream
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule, SolverInfo
@@ -46,16 +48,18 @@ def compute_pieces(problem: Problem, per_device: Sequence[Sequence[OpKey]], name
     return OrderPieces(problem, streams, {}, (), name, dict(settings))
 
 
-def to_schedule(pieces: OrderPieces, *, seconds: float | None = None) -> Schedule:
+def to_schedule(pieces: OrderPieces, *, seconds: float | None = None,
+                dag: nx.DiGraph | None = None) -> Schedule:  # fmt: skip
     """Time the pieces with the simulator (not validated: callers check it).
 
     ``solver.extra`` keeps the generator's setting; ``seconds`` is the time the
-    generator took, when known.
+    generator took, when known; ``dag`` the problem's DAG when the caller has built
+    it (with the op kinds the pieces use), to save rebuilding it.
     """
     started = time.perf_counter()
     info = SolverInfo(name=pieces.name or "rule", status="heuristic", objective=0.0,
                       extra={"settings": dict(pieces.settings)})  # fmt: skip
     schedule = simulate(pieces.problem, pieces.streams, fractions=dict(pieces.fractions),
-                        waits=pieces.waits, solver=info)  # fmt: skip
+                        waits=pieces.waits, solver=info, dag=dag)  # fmt: skip
     info.seconds = seconds if seconds is not None else time.perf_counter() - started
     return schedule
