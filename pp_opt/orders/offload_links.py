@@ -67,6 +67,9 @@ class OffloadPolicy:
     (room for waiting on a shared link); 0 means just in time."""
     fraction: str = "whole"
     """``whole``: move whole activations; ``need``: move only what covers the excess."""
+    fractions: tuple[float, ...] | None = None
+    """The fractions a copy may move (e.g. a solver's discrete choices); any when None.
+    A wanted fraction is rounded up to one of them where the window allows, else down."""
     eligible: Callable[[int], bool] | None = None
     """Which stages may be offloaded (all when None)."""
     eager: bool = False
@@ -96,7 +99,8 @@ class _DeviceWalk:
                  reload_by: dict[Activation, float]) -> None:  # fmt: skip
         self.cp, self.ops, self.start, self.end = cp, ops, start, end
         self.reload_by = reload_by
-        self.policy, self.room = policy, room + _TOL * max(1.0, room)
+        self.policy, self.exact_room = policy, room
+        self.room = room + _TOL * max(1.0, room)  # for checks only, never to size a copy
         self.position = {key: i for i, key in enumerate(ops)}
         self.forward_at: dict[Activation, int] = {}
         self.backward_at: dict[Activation, int] = {}
@@ -134,7 +138,7 @@ class _DeviceWalk:
         eligible = self.policy.eligible
         if act not in self.backward_at or (eligible is not None and not eligible(act[0])):
             return
-        if self._fraction(act, q, float("inf")) < 1.0:
+        if self._fraction(act, q, float("inf"), strict=True) < 1.0:
             return  # the window is too short for a whole copy
         anchor = self._reload_anchor(act, q, 1.0, strict=True)
         if anchor is None:
@@ -156,10 +160,9 @@ class _DeviceWalk:
             self.plan.before[act] = event
             self.level -= self._m_b(act)
         for act in self._victims(q, strict):
-            excess = self.level + need - self.room
-            if excess <= 0:
+            if self.level + need <= self.room:
                 break
-            fraction = self._fraction(act, q, excess)
+            fraction = self._fraction(act, q, self.level + need - self.exact_room, strict)
             if fraction <= 0:
                 continue
             anchor = self._reload_anchor(act, q, fraction, strict)
@@ -186,16 +189,28 @@ class _DeviceWalk:
         found.sort(key=lambda act: -self.start[self.ops[self.backward_at[act]]])
         return found
 
-    def _fraction(self, act: Activation, q: int, excess: float) -> float:
-        """Whole, or what covers ``excess``; never more than the window can copy."""
+    def _fraction(self, act: Activation, q: int, excess: float, strict: bool) -> float:
+        """Whole, or what covers ``excess``; never more than the window can copy: the
+        offload from the forward's end to the backward's start, and the reload, ``lead``
+        included, from the end of op ``q`` (or the next, for a reload event) to it."""
         stage = self.cp.problem.stages[act[0]]
         wanted = 1.0 if self.policy.fraction == "whole" else min(1.0, excess / stage.m_b)
-        copy_time = stage.t_offload + stage.t_reload * (1.0 + self.policy.lead)
-        if copy_time <= 0:
-            return wanted
-        backward, forward = self.ops[self.backward_at[act]], self.ops[self.forward_at[act]]
-        window = self.start[backward] - self.end[forward]
-        return min(wanted, max(0.0, window / copy_time))
+        reload_time = stage.t_reload * (1.0 + self.policy.lead)
+        backward = self.start[self.ops[self.backward_at[act]]]
+        window = backward - self.end[self.ops[self.forward_at[act]]]
+        after = self.end[self.ops[min(q + 1 if strict else q, len(self.ops) - 1)]]
+        limits = [wanted]
+        if stage.t_offload + reload_time > 0:
+            limits.append(window / (stage.t_offload + reload_time))
+        if reload_time > 0:
+            limits.append((backward - after) / reload_time)
+        fraction = max(0.0, min(limits))
+        allowed = self.policy.fractions
+        if allowed is None or fraction <= 0:
+            return fraction
+        up = [a for a in allowed if fraction - _TOL <= a <= min(limits[1:], default=1.0) + _TOL]
+        down = [a for a in allowed if a <= fraction + _TOL]
+        return min(up) if up else max(down, default=0.0)
 
     def _reload_anchor(self, act: Activation, q: int, fraction: float, strict: bool) -> int | None:
         """The last compute op after ``q`` (at ``q`` for a forward event) that leaves the
@@ -248,6 +263,11 @@ def plan_offloads(
             waits.append((plan.after[act], rel))
     return OrderPieces(problem, streams, fractions, tuple(waits), "offload-links",
                        {"lead": policy.lead, "fraction": policy.fraction})  # fmt: skip
+
+
+def split_of(per_device: Sequence[Sequence[OpKey]]) -> bool:
+    """Whether an order splits the backward (no fused ``BW`` op in it)."""
+    return not any(key.kind is OpKind.BW for ops in per_device for key in ops)
 
 
 def link_deadlines(pieces: OrderPieces, backward_start: dict[OpKey, float]
@@ -311,8 +331,9 @@ def place_offloads(
         rounds whose memory walk succeeded (the caller validates it), or None.
     """
     policy = policy or OffloadPolicy()
-    cp = compiled or CompiledProblem.of(problem, split_backward=problem.split_backward)
-    dag = build_dag(problem, offload=True, recompute=False)
+    split = split_of(per_device)
+    cp = compiled or CompiledProblem.of(problem, split_backward=split)
+    dag = build_dag(problem, split_backward=split, offload=True, recompute=False)
     try:
         end = cp.ends(per_device)
     except DeadlockError:
@@ -336,4 +357,36 @@ def place_offloads(
             start = {op.key: op.start for op in schedule.ops}
             end = {op.key: op.end for op in schedule.ops}
         reload_by = link_deadlines(pieces, target)
+    return best
+
+
+def with_link_offloads(
+    problem: Problem, schedule: Schedule, fractions: Sequence[float] = (1.0,)
+) -> Schedule | None:
+    """A schedule's compute order under ``problem``'s caps and host links, with copies.
+
+    The drop-in for :func:`pp_opt.solvers.offload_warm.with_offloads` that also
+    serves shared host links: the compute order is the one ``schedule`` ran (e.g.
+    made without the cap), copies come from :func:`place_offloads` with a few
+    policies, and the fastest schedule the validator accepts is returned; None when
+    the problem does not allow offload or no policy gives a valid schedule.
+    """
+    from pp_opt.validator import validate
+
+    if not problem.offload:
+        return None
+    order = [[op.key for op in schedule.stream_order(d, Stream.COMPUTE)] for d in range(problem.p)]
+    allowed = tuple(sorted(set(fractions)))
+    modes = ("whole",) if allowed == (1.0,) else ("whole", "need")
+    compiled = CompiledProblem.of(problem, split_backward=split_of(order))
+    best: Schedule | None = None
+    for eager in (False, True):
+        for lead in (0.0, 1.0):
+            for mode in modes:
+                policy = OffloadPolicy(lead=lead, fraction=mode, eager=eager, fractions=allowed)
+                placed = place_offloads(problem, order, policy=policy, compiled=compiled)
+                if placed is None or validate(placed[1]):
+                    continue
+                if best is None or placed[1].objective_value() < best.objective_value():
+                    best = placed[1]
     return best

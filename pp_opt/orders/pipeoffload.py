@@ -40,7 +40,7 @@ from pp_opt.orders.fast_eval import CompiledProblem
 from pp_opt.orders.offload_links import OffloadPolicy, place_offloads
 from pp_opt.orders.order_search import improve_order
 from pp_opt.orders.pieces import OrderPieces, compute_pieces
-from pp_opt.problem import Problem
+from pp_opt.problem import Device, Problem
 
 log = logging.getLogger(__name__)
 
@@ -104,14 +104,17 @@ def shapes(problem: Problem) -> Iterable[GroupShape]:
 def pipeoffload(problem: Problem, *, time_limit: float = 30.0) -> OrderPieces:
     """PipeOffload's schedule for the problem's cap and host links, best setting found.
 
-    Compute orders are timed without copies first. A compute order that fits the cap
-    alone needs no copies. Otherwise, fastest first: a quick pass gives each order
-    copies with one policy and the fewest offloaded chunks that work; a second pass
-    tries the other policies and chunk counts. An order whose compute alone is no
-    faster than the best schedule so far is skipped (copies and waits only delay
-    it). Last, the best compute order is improved without the cap (whose memory the
-    copies take care of) and given copies again. Every candidate is simulated and
-    validated.
+    Compute orders are timed without copies first; one that fits the cap alone needs
+    no copies. Otherwise, in three steps within ``time_limit``:
+
+    1. quick: the fastest compute order of each group size gets copies with the first
+       policy and the fewest offloaded chunks that work;
+    2. polish: the best one's compute order is improved without the cap (whose memory
+       the copies take care of) and given copies again;
+    3. wide: every compute order faster than the best so far, with the other policies.
+
+    A compute order no faster than the best schedule so far is skipped (copies and
+    waits can only delay it). Every candidate is simulated and validated.
 
     Raises
     ------
@@ -119,33 +122,28 @@ def pipeoffload(problem: Problem, *, time_limit: float = 30.0) -> OrderPieces:
         When no setting gives a valid schedule under the cap.
     """
     started = time.perf_counter()
-    deadline = started + time_limit
     cp = CompiledProblem.of(problem, split_backward=problem.split_backward)
-    timed = []
-    for shape in shapes(problem):
-        order = group_interleaved_order(problem, shape)
-        try:
-            timed.append((cp.makespan(order), shape, order))
-        except DeadlockError:
-            continue
-    timed.sort(key=lambda item: item[0])
+    timed = _timed_orders(problem, cp)
+    fitting = next((item for item in timed if cp.fits(item[2])), None)
     best: _Best | None = None
-    for value, shape, order in timed:
-        if cp.fits(order):
-            settings = _settings(shape, 0, None)
-            pieces = compute_pieces(problem, order, "pipeoffload", settings)
-            best = _Best(value, shape, order, 0, None, pieces)
-            break
+    if fitting is not None:
+        value, shape, order = fitting
+        pieces = compute_pieces(problem, order, "pipeoffload", _settings(shape, 0, None))
+        best = _Best(value, shape, order, 0, None, pieces)
     if problem.offload:
-        search = _Search(problem, cp, started + 0.6 * time_limit, best)
-        for quick in (True, False):
-            for value, shape, order in timed:
-                if search.best is not None and value >= search.best.makespan - 1e-9:
-                    break  # sorted: no later compute order can win either
-                search.try_order(shape, order, quick=quick)
+        search = _Search(problem, cp, started + time_limit, best)
+        seen_groups: set[int] = set()
+        for value, shape, order in timed:
+            if shape.group not in seen_groups:
+                seen_groups.add(shape.group)
+                if search.worth(value):
+                    search.try_order(shape, order, quick=True)
+        if search.best is not None and search.best.policy is not None:
+            search.polish(started + 0.6 * time_limit)
+        for value, shape, order in timed:
+            if search.worth(value):
+                search.try_order(shape, order, quick=False)
         best = search.best
-        if best is not None and best.policy is not None:
-            best = _polish(problem, best, deadline) or best
     if best is None:
         raise InfeasibleError(
             "pipeoffload found no valid schedule under the cap; raise the cap, allow "
@@ -153,6 +151,20 @@ def pipeoffload(problem: Problem, *, time_limit: float = 30.0) -> OrderPieces:
         )
     log.info("pipeoffload: %s -> makespan %.6g", best.pieces.settings, best.makespan)
     return best.pieces
+
+
+def _timed_orders(problem: Problem, cp: CompiledProblem
+                  ) -> list[tuple[float, GroupShape, list[list[OpKey]]]]:  # fmt: skip
+    """Every compute order that runs, with its makespan, fastest (then leanest) first."""
+    timed = []
+    for shape in shapes(problem):
+        order = group_interleaved_order(problem, shape)
+        try:
+            timed.append((cp.makespan(order), max(cp.peaks(order)), shape, order))
+        except DeadlockError:
+            continue
+    timed.sort(key=lambda item: item[:2])
+    return [(value, shape, order) for value, _, shape, order in timed]
 
 
 @dataclass(slots=True)
@@ -172,15 +184,44 @@ class _Search:
                  best: _Best | None) -> None:  # fmt: skip
         self.problem, self.cp, self.deadline, self.best = problem, cp, deadline, best
 
+    def worth(self, compute_makespan: float) -> bool:
+        """Whether a compute order this fast can still beat the best, and time is left."""
+        if time.perf_counter() > self.deadline:
+            return False
+        return self.best is None or compute_makespan < self.best.makespan - 1e-9
+
     def try_order(self, shape: GroupShape, order: list[list[OpKey]], *, quick: bool) -> None:
-        """Quick: the first policy, chunks growing until one works; else every other pair."""
+        """Quick: the first policy, chunks growing until one works. Else the other
+        policies, with those chunks and one more."""
+        first = None
         for chunks in range(1, self.problem.v + 1):
-            policies = _policies(self.problem, chunks)
-            for policy in policies[:1] if quick else policies[1:]:
+            if time.perf_counter() > self.deadline:
+                return
+            if self._try(shape, order, chunks, _policies(self.problem, chunks)[0]):
+                first = chunks
+                break
+        if quick or first is None:
+            return
+        for chunks in range(first, min(first + 1, self.problem.v) + 1):
+            for policy in _policies(self.problem, chunks)[1:]:
                 if time.perf_counter() > self.deadline:
                     return
-                if self._try(shape, order, chunks, policy) and quick:
-                    return
+                self._try(shape, order, chunks, policy)
+
+    def polish(self, deadline: float) -> None:
+        """Improve the best compute order without the cap, then place its copies again."""
+        best = self.best
+        left = deadline - time.perf_counter()
+        if best is None or best.policy is None or left <= 0:
+            return
+        roomy = self.problem.replace(devices=tuple(Device(cap=1e300, static=d.static)
+                                                   for d in self.problem.devices))  # fmt: skip
+        cp = CompiledProblem.of(roomy, split_backward=self.problem.split_backward)
+        order = improve_order(cp, best.order, time_limit=left * 0.8)
+        improved = self._try(best.shape, order, best.chunks, best.policy)
+        if improved and self.best is not None and self.best is not best:
+            settings = {**self.best.pieces.settings, "polished": True}
+            self.best.pieces = self.best.pieces._replace(settings=settings)
 
     def _try(self, shape: GroupShape, order: list[list[OpKey]], chunks: int,
              policy: OffloadPolicy) -> bool:  # fmt: skip
@@ -196,26 +237,6 @@ class _Search:
             self.best = _Best(schedule.metrics.makespan, shape, order, chunks, policy,
                               pieces._replace(name="pipeoffload", settings=settings))  # fmt: skip
         return True
-
-
-def _polish(problem: Problem, best: _Best, deadline: float) -> _Best | None:
-    """Improve the best compute order without the cap, then place its copies again."""
-    from pp_opt.problem import Device
-    from pp_opt.validator import validate
-
-    roomy = problem.replace(devices=tuple(Device(cap=1e300, static=d.static)
-                                          for d in problem.devices))  # fmt: skip
-    left = deadline - time.perf_counter()
-    if left <= 0 or best.policy is None:
-        return None
-    cp = CompiledProblem.of(roomy, split_backward=problem.split_backward)
-    order = improve_order(cp, best.order, time_limit=left * 0.7)
-    placed = place_offloads(problem, order, policy=best.policy)
-    if placed is None or placed[1].metrics.makespan >= best.makespan - 1e-9 or validate(placed[1]):
-        return None
-    settings = {**_settings(best.shape, best.chunks, best.policy), "polished": True}
-    return _Best(placed[1].metrics.makespan, best.shape, order, best.chunks, best.policy,
-                 placed[0]._replace(name="pipeoffload", settings=settings))  # fmt: skip
 
 
 def _policies(problem: Problem, chunks: int) -> list[OffloadPolicy]:
