@@ -209,10 +209,6 @@ def order_of_slots(problem: Problem, slot: dict[OpKey, int]) -> list[list[OpKey]
     return per_device
 
 
-SQUEEZES = ("all", "ends", "none")
-"""Which ops the squeeze may move: all, only warm-up and cool-down, or none."""
-
-
 def refill_w(problem: Problem, slot: dict[OpKey, int], block: VBlock) -> dict[OpKey, int]:
     """The grid with every ``W`` taken out and put back into the free slots after its ``B``."""
     new = {key: s for key, s in slot.items() if key.kind is not W}
@@ -228,8 +224,10 @@ def block_order(cp: CompiledProblem, block: VBlock, *, squeezed: str = "all",
                 refill: bool = False) -> list[list[OpKey]]:  # fmt: skip
     """The per-device order of one building block (steps 1 and 2 of the module doc).
 
-    ``refill`` adds a second squeeze of the cool-down without the ``W`` ops (so the
-    backward wave drains first), then puts every ``W`` back into the free slots.
+    ``squeezed`` says which ops the squeeze may move: ``all``, only the warm-up and
+    cool-down (``ends``) or ``none``. ``refill`` adds a second squeeze of the cool-down
+    without the ``W`` ops (so the backward wave drains first), then puts every ``W``
+    back into the free slots.
     """
     slot = grid_slots(cp.problem, block)
     if squeezed != "none":
@@ -241,10 +239,23 @@ def block_order(cp: CompiledProblem, block: VBlock, *, squeezed: str = "all",
     return order_of_slots(cp.problem, slot)
 
 
-def candidate_blocks(family: str) -> list[VBlock]:
-    """Every block :func:`search_v` tries for a family (invalid ones are skipped later)."""
+def candidate_blocks(family: str, p: int) -> list[VBlock]:
+    """The valid blocks :func:`search_v` tries for a family on ``p`` devices, the paper's
+    intervals first (V-Min: 2 when ``p`` is a multiple of 3; V-Half: 3 and one more
+    slot before ``B0`` when ``p`` is even)."""
     step = FAMILIES[family]
-    return [VBlock(step=step, gap=g, extra=e) for g in range(PERIOD) for e in (0, 1)]
+    if step == 1:
+        default = VBlock(step=1, gap=2 if p % 3 == 0 else 0)
+    else:
+        default = VBlock(step=2, gap=3 if p % 2 == 0 else 0, extra=1)
+    blocks = [VBlock(step=step, gap=g, extra=e) for g in range(PERIOD) for e in (0, 1)]
+    blocks.sort(key=lambda b: b != default)
+    return [b for b in blocks if b.is_valid(p)]
+
+
+LAYOUTS = (("ends", True), ("all", True), ("ends", False), ("all", False), ("none", True),
+           ("none", False))  # fmt: skip
+"""``(squeezed, refill)`` pairs in the order they are tried (the usual best first)."""
 
 
 def search_v(problem: Problem, family: str, *, time_limit: float = 10.0, keep: int = 6
@@ -263,7 +274,7 @@ def search_v(problem: Problem, family: str, *, time_limit: float = 10.0, keep: i
     started = time.perf_counter()
     problem = v_problem(problem)
     cp = CompiledProblem.of(problem, split_backward=True)
-    found, smallest_peak = _layouts(cp, family)
+    found, smallest_peak = _layouts(cp, family, started + time_limit / 2)
     if not found:
         raise InfeasibleError(
             f"{family} needs {smallest_peak:g} of memory per device but the cap is "
@@ -285,26 +296,28 @@ def search_v(problem: Problem, family: str, *, time_limit: float = 10.0, keep: i
     return compute_pieces(problem, order, family, settings)
 
 
-def _layouts(cp: CompiledProblem, family: str
+def _layouts(cp: CompiledProblem, family: str, deadline: float = float("inf")
              ) -> tuple[list[tuple[float, list[list[OpKey]], dict]], float]:  # fmt: skip
-    """``(makespan, order, settings)`` of every layout that fits the caps, and the smallest
-    peak of any layout (to say which cap would do when none fits)."""
-    found = []
+    """``(makespan, order, settings)`` of the layouts that fit the caps, and the smallest
+    peak of any layout (to say which cap would do when none fits). After ``deadline``
+    it stops at the first layout that fits."""
+    found: list[tuple[float, list[list[OpKey]], dict]] = []
     smallest_peak = float("inf")
-    for block in candidate_blocks(family):
-        if not block.is_valid(cp.problem.p):
+    for block, (squeezed, refill) in itertools.product(
+        candidate_blocks(family, cp.problem.p), LAYOUTS
+    ):
+        if found and time.perf_counter() > deadline:
+            break
+        try:
+            order = block_order(cp, block, squeezed=squeezed, refill=refill)
+            value = cp.makespan(order)
+        except DeadlockError:
             continue
-        for squeezed, refill in itertools.product(SQUEEZES, (False, True)):
-            try:
-                order = block_order(cp, block, squeezed=squeezed, refill=refill)
-                value = cp.makespan(order)
-            except DeadlockError:
-                continue
-            smallest_peak = min(smallest_peak, max(cp.peaks(order)))
-            if cp.fits(order):
-                settings = dict(step=block.step, gap=block.gap, extra=block.extra,
-                                squeezed=squeezed, refill=refill)  # fmt: skip
-                found.append((value, order, settings))
+        smallest_peak = min(smallest_peak, max(cp.peaks(order)))
+        if cp.fits(order):
+            settings = dict(step=block.step, gap=block.gap, extra=block.extra,
+                            squeezed=squeezed, refill=refill)  # fmt: skip
+            found.append((value, order, settings))
     return found, smallest_peak
 
 

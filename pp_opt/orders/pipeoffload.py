@@ -93,9 +93,10 @@ def group_interleaved_order(problem: Problem, shape: GroupShape) -> list[list[Op
 
 
 def shapes(problem: Problem) -> Iterable[GroupShape]:
-    """The compute orders :func:`pipeoffload` tries."""
-    p = problem.p
-    for group in range(max(1, (p + 1) // 2), min(p, problem.m) + 1):
+    """The compute orders :func:`pipeoffload` tries: group sizes from ``ceil(p / 2)``
+    (the paper's smallest useful one) to ``p``, never more than ``m``."""
+    p, m = problem.p, problem.m
+    for group in range(min((p + 1) // 2, m), min(p, m) + 1):
         for slope in (1, 2):
             for extra in (0, 1, 2):
                 yield GroupShape(group=group, slope=slope, extra=extra)
@@ -104,8 +105,9 @@ def shapes(problem: Problem) -> Iterable[GroupShape]:
 def pipeoffload(problem: Problem, *, time_limit: float = 30.0) -> OrderPieces:
     """PipeOffload's schedule for the problem's cap and host links, best setting found.
 
-    Compute orders are timed without copies first; one that fits the cap alone needs
-    no copies. Otherwise, in three steps within ``time_limit``:
+    Compute orders are timed without copies first; the fastest that fits the cap alone
+    needs no copies (it is improved under the cap). Then, in three steps within
+    ``time_limit``:
 
     1. quick: the fastest compute order of each group size gets copies with the first
        policy and the fewest offloaded chunks that work;
@@ -126,10 +128,12 @@ def pipeoffload(problem: Problem, *, time_limit: float = 30.0) -> OrderPieces:
     timed = _timed_orders(problem, cp)
     fitting = next((item for item in timed if cp.fits(item[2])), None)
     best: _Best | None = None
-    if fitting is not None:
+    if fitting is not None:  # no copies needed: improve it under the cap itself
         value, shape, order = fitting
-        pieces = compute_pieces(problem, order, "pipeoffload", _settings(shape, 0, None))
-        best = _Best(value, shape, order, 0, None, pieces)
+        order = improve_order(cp, order, time_limit=0.3 * time_limit)
+        settings = {**_settings(shape, 0, None), "polished": True}
+        pieces = compute_pieces(problem, order, "pipeoffload", settings)
+        best = _Best(cp.makespan(order), shape, order, 0, None, pieces)
     if problem.offload:
         search = _Search(problem, cp, started + time_limit, best)
         seen_groups: set[int] = set()
