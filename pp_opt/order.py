@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from pp_opt.ops import OpKey, OpKind, Stream
 from pp_opt.problem import Problem
@@ -75,6 +75,8 @@ class Order:
     """The DAG the ops belong to."""
     name: str = ""
     """How it was made (a generator and its setting), for reports and warm-start names."""
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    """The parameter setting a searching generator picked (kept in ``solver.extra``)."""
 
     def keys(self) -> list[OpKey]:
         """Every op of the order, stream by stream."""

@@ -21,8 +21,8 @@ from tight_instances import INSTANCES
 
 from pp_opt.ops import OpKind
 from pp_opt.orders.controllable_memory import v_half, v_min
-from pp_opt.orders.pieces import to_schedule
 from pp_opt.orders.pipeoffload import pipeoffload
+from pp_opt.simulator import simulate
 from pp_opt.validator import validate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +40,7 @@ def run_row(row: dict, time_limit: float) -> dict:
     problem = INSTANCES[row["name"]]()
     started = time.perf_counter()
     pieces = generator_of(row["name"])(problem, time_limit=time_limit)
-    schedule = to_schedule(pieces)
+    schedule = simulate(pieces)
     seconds = time.perf_counter() - started
     violations = validate(schedule)
     return {

@@ -16,13 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from pp_opt.baselines import baseline_order
 from pp_opt.errors import InfeasibleError
 from pp_opt.ops import OpKind
 from pp_opt.orders.controllable_memory import VBlock, grid_slots, v_half, v_min
 from pp_opt.orders.offload_links import OffloadPolicy, place_offloads, with_link_offloads
-from pp_opt.orders.pieces import to_schedule
 from pp_opt.orders.pipeoffload import GroupShape, group_interleaved_order, pipeoffload
+from pp_opt.orders.registry import get
 from pp_opt.problem import Device, Problem, Stage, uniform_problem
 from pp_opt.schedule_io import loads_schedule
 from pp_opt.simulator import simulate
@@ -67,7 +66,7 @@ def test_v_generators_are_valid_at_their_cap(p: int, m: int, family: str) -> Non
     cap = p / 2 + 1 if family == "v-half" else math.ceil(p / 3) + 1
     generator = v_half if family == "v-half" else v_min
     pieces = generator(_v_problem(p, m, cap), time_limit=0.5)
-    schedule = to_schedule(pieces)
+    schedule = simulate(pieces)
     _valid_under_cap(schedule)
     assert pieces.name == family and pieces.settings["step"] == (2 if family == "v-half" else 1)
 
@@ -76,11 +75,11 @@ def test_v_half_and_v_min_take_half_and_a_third_of_1f1b_memory() -> None:
     """Qi et al.: V-Half about half of 1F1B's activation memory, V-Min about a third."""
     p, m = 12, 24
     loop = uniform_problem(p=p, m=m, m_w=0.3, t_comm=0.05, t_w=0.6, cap=2.0 * p)
-    one_f_one_b = simulate(*baseline_order("1f1b", loop))
+    one_f_one_b = simulate(get("1f1b").generator(loop))
     full = max(one_f_one_b.metrics.peak_memory)
     assert full == pytest.approx(p)
-    half = to_schedule(v_half(_v_problem(p, m, full / 2 + 1), time_limit=0.5))
-    third = to_schedule(v_min(_v_problem(p, m, full / 3 + 1), time_limit=0.5))
+    half = simulate(v_half(_v_problem(p, m, full / 2 + 1), time_limit=0.5))
+    third = simulate(v_min(_v_problem(p, m, full / 3 + 1), time_limit=0.5))
     _valid_under_cap(half)
     _valid_under_cap(third)
     assert max(half.metrics.peak_memory) <= full / 2 + 1
@@ -98,7 +97,7 @@ def test_v_generators_resplit_a_loop_problem() -> None:
     loop = uniform_problem(p=4, m=8, t_comm=0.05, cap=3.0)
     pieces = v_half(loop, time_limit=0.2)
     assert pieces.problem.placement == "v" and pieces.problem.v == 2
-    _valid_under_cap(to_schedule(pieces))
+    _valid_under_cap(simulate(pieces))
 
 
 def test_building_blocks_follow_the_paper_offsets() -> None:
@@ -135,7 +134,7 @@ def _offload_problem(p: int, m: int, v: int, *, cap: float, copy: float, links) 
 @pytest.mark.parametrize("links", [((0, 1), (2, 3)), ((0, 1, 2, 3),), ()])
 def test_pipeoffload_places_offloads_on_shared_links(links) -> None:  # noqa: ANN001
     problem = _offload_problem(4, 8, 2, cap=1.25, copy=1.5, links=links)
-    schedule = to_schedule(pipeoffload(problem, time_limit=2.0))
+    schedule = simulate(pipeoffload(problem, time_limit=2.0))
     _valid_under_cap(schedule)
     assert _offloads(schedule) > 0
 
@@ -144,15 +143,16 @@ def test_pipeoffload_without_need_for_offload_keeps_compute_only() -> None:
     problem = _offload_problem(4, 8, 2, cap=8.0, copy=1.5, links=((0, 1), (2, 3)))
     pieces = pipeoffload(problem, time_limit=1.0)
     assert pieces.settings["chunks_offloaded"] == 0
-    _valid_under_cap(to_schedule(pieces))
+    _valid_under_cap(simulate(pieces))
 
 
 @pytest.mark.parametrize("name", ["1f1b", "zb-h1", "zb-v", "interleaved-1f1b"])
 @pytest.mark.parametrize("links", [((0, 1), (2, 3)), ()])
 def test_offload_pass_brings_classic_orders_under_the_cap(name: str, links) -> None:  # noqa: ANN001
     roomy = uniform_problem(p=4, m=8, m_w=0.2, t_comm=0.05, cap=100.0)
-    scheduled, order = baseline_order(name, roomy)
-    free_run = simulate(scheduled, order)
+    order = get(name).generator(roomy)
+    scheduled = order.problem
+    free_run = simulate(order)
     peak = max(free_run.metrics.peak_memory)
     problem = scheduled.replace(
         devices=tuple(Device(cap=0.75 * peak) for _ in range(4)),
@@ -168,7 +168,7 @@ def test_offload_pass_brings_classic_orders_under_the_cap(name: str, links) -> N
 
 def test_fractional_offload_moves_only_what_the_cap_needs() -> None:
     problem = _offload_problem(4, 8, 1, cap=3.5, copy=0.5, links=((0, 1), (2, 3)))
-    _, streams = baseline_order("zb-h1", problem)
+    streams = get("zb-h1").generator(problem).streams
     per_device = [streams[key] for key in sorted(streams)]
     placed = place_offloads(problem, per_device, policy=OffloadPolicy(fraction="need"))
     assert placed is not None
@@ -180,7 +180,7 @@ def test_fractional_offload_moves_only_what_the_cap_needs() -> None:
 def test_short_windows_get_the_fraction_that_fits() -> None:
     """Copies far slower than compute: whole copies do not fit between F and B."""
     problem = _offload_problem(4, 8, 1, cap=3.5, copy=5.0, links=())
-    _, streams = baseline_order("zb-h1", problem)
+    streams = get("zb-h1").generator(problem).streams
     per_device = [streams[key] for key in sorted(streams)]
     placed = place_offloads(problem, per_device, policy=OffloadPolicy(lead=0.0))
     assert placed is not None
@@ -224,7 +224,7 @@ def test_replayed_anchor_is_valid_with_its_recorded_makespan(row: dict) -> None:
 def test_v_generators_match_or_beat_the_1p5b_anchors(name: str) -> None:
     problem = _tight_instances().INSTANCES[name]()
     generator = v_half if name.endswith("half") else v_min
-    schedule = to_schedule(generator(problem, time_limit=3.0))
+    schedule = simulate(generator(problem, time_limit=3.0))
     _valid_under_cap(schedule)
     assert schedule.metrics.makespan <= _anchor(name)["anchor_makespan"] + 1e-6
 
@@ -235,6 +235,6 @@ def test_v_generators_match_or_beat_the_1p5b_anchors(name: str) -> None:
 )
 def test_pipeoffload_matches_or_beats_its_anchors(name: str) -> None:
     problem = _tight_instances().INSTANCES[name]()
-    schedule = to_schedule(pipeoffload(problem, time_limit=5.0))
+    schedule = simulate(pipeoffload(problem, time_limit=5.0))
     _valid_under_cap(schedule)
     assert schedule.metrics.makespan <= _anchor(name)["anchor_makespan"] + 1e-6

@@ -72,6 +72,8 @@ def baseline(name: str, problem: Problem) -> Schedule:
     started = time.perf_counter()
     order = get(name).generator(problem)
     info = SolverInfo(name=name, status=Status.HEURISTIC, objective=0.0)
+    if order.settings:
+        info.extra["settings"] = dict(order.settings)
     schedule = simulate(order, solver=info)
     info.seconds = time.perf_counter() - started
     if order.problem is not problem:

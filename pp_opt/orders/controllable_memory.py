@@ -47,12 +47,14 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from pp_opt.errors import DeadlockError, InfeasibleError
 from pp_opt.ops import OpKey, OpKind
+from pp_opt.order import Order
 from pp_opt.orders.fast_eval import CompiledProblem
 from pp_opt.orders.order_search import improve_order
-from pp_opt.orders.pieces import OrderPieces, compute_pieces
+from pp_opt.orders.pieces import budget, compute_pieces
 from pp_opt.problem import Problem
 from pp_opt.problem_io import resplit
 
@@ -259,7 +261,7 @@ LAYOUTS = (("ends", True), ("all", True), ("ends", False), ("all", False), ("non
 
 
 def search_v(problem: Problem, family: str, *, time_limit: float = 10.0, keep: int = 6
-             ) -> OrderPieces:  # fmt: skip
+             ) -> Order:  # fmt: skip
     """The best order of a family's blocks under the problem's caps.
 
     Every valid block is laid out with each squeeze and timed; the ``keep`` fastest
@@ -276,12 +278,9 @@ def search_v(problem: Problem, family: str, *, time_limit: float = 10.0, keep: i
     cp = CompiledProblem.of(problem, split_backward=True)
     found, smallest_peak = _layouts(cp, family, started + time_limit / 2)
     if not found:
-        raise InfeasibleError(
-            f"{family} needs {smallest_peak:g} of memory per device but the cap is "
-            f"{min(d.cap for d in problem.devices):g}; raise the cap to at least "
-            f"{smallest_peak:g} or use pipeoffload",
-            min_cap=smallest_peak,
-        )
+        device = min(range(problem.p), key=lambda d: problem.devices[d].cap)
+        raise InfeasibleError(device=device, need=smallest_peak, cap=problem.devices[device].cap,
+                              min_cap=smallest_peak, schedule=family)  # fmt: skip
     found.sort(key=lambda item: item[0])
     shortlist = found[:keep]
     quick = time_limit / 4 / len(shortlist)
@@ -297,11 +296,11 @@ def search_v(problem: Problem, family: str, *, time_limit: float = 10.0, keep: i
 
 
 def _layouts(cp: CompiledProblem, family: str, deadline: float = float("inf")
-             ) -> tuple[list[tuple[float, list[list[OpKey]], dict]], float]:  # fmt: skip
+             ) -> tuple[list[tuple[float, list[list[OpKey]], dict[str, Any]]], float]:  # fmt: skip
     """``(makespan, order, settings)`` of the layouts that fit the caps, and the smallest
     peak of any layout (to say which cap would do when none fits). After ``deadline``
     it stops at the first layout that fits."""
-    found: list[tuple[float, list[list[OpKey]], dict]] = []
+    found: list[tuple[float, list[list[OpKey]], dict[str, Any]]] = []
     smallest_peak = float("inf")
     for block, (squeezed, refill) in itertools.product(
         candidate_blocks(family, cp.problem.p), LAYOUTS
@@ -321,11 +320,17 @@ def _layouts(cp: CompiledProblem, family: str, deadline: float = float("inf")
     return found, smallest_peak
 
 
-def v_half(problem: Problem, *, time_limit: float = 10.0) -> OrderPieces:
-    """V-Half (about half of 1F1B's activation memory), best setting for the problem's cap."""
-    return search_v(problem, "v-half", time_limit=time_limit)
+def v_half(problem: Problem, *, deadline: float | None = None, time_limit: float = 10.0) -> Order:
+    """V-Half (about half of 1F1B's activation memory), best setting for the problem's cap.
+
+    It searches for ``time_limit`` seconds, or half of what is left before ``deadline``.
+    """
+    return search_v(problem, "v-half", time_limit=budget(deadline, time_limit))
 
 
-def v_min(problem: Problem, *, time_limit: float = 10.0) -> OrderPieces:
-    """V-Min (about a third of 1F1B's activation memory), best setting for the problem's cap."""
-    return search_v(problem, "v-min", time_limit=time_limit)
+def v_min(problem: Problem, *, deadline: float | None = None, time_limit: float = 10.0) -> Order:
+    """V-Min (about a third of 1F1B's activation memory), best setting for the problem's cap.
+
+    It searches for ``time_limit`` seconds, or half of what is left before ``deadline``.
+    """
+    return search_v(problem, "v-min", time_limit=budget(deadline, time_limit))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pp_opt.dag import build_dag
 from pp_opt.errors import DeadlockError
@@ -40,7 +41,7 @@ class CompiledProblem:
     """Memory the op allocates at its start."""
     free: dict[OpKey, float]
     """Memory the op frees at its end (a positive number)."""
-    _indexed: tuple | None = None
+    _indexed: tuple[Any, ...] | None = None
 
     @classmethod
     def of(cls, problem: Problem, *, split_backward: bool | None = None) -> CompiledProblem:
@@ -93,7 +94,7 @@ class CompiledProblem:
             raise DeadlockError(f"order deadlocks at {', '.join(stuck[:4])}")
         return {key: end[i] for key, i in index.items() if end[i] >= 0}
 
-    def _tables(self) -> tuple[dict[OpKey, int], list, list[float], list[list[int]]]:
+    def _tables(self) -> tuple[dict[OpKey, int], list[Any], list[float], list[list[int]]]:
         """Integer-indexed copies of the lookup tables (built once, on first use)."""
         if self._indexed is None:
             keys = list(self.preds)

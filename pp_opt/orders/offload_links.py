@@ -42,13 +42,14 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from pp_opt.dag import build_dag
+from pp_opt.dag import dag_for
 from pp_opt.errors import DeadlockError
 from pp_opt.ops import BACKWARD_KINDS, OpKey, OpKind, Stream, duration
+from pp_opt.order import Order, Variant
 from pp_opt.orders.fast_eval import CompiledProblem
-from pp_opt.orders.pieces import OrderPieces, to_schedule
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule
+from pp_opt.simulator import simulate
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +236,7 @@ def plan_offloads(
     end: dict[OpKey, float],
     policy: OffloadPolicy,
     reload_by: dict[Activation, float] | None = None,
-) -> OrderPieces | None:
+) -> Order | None:
     """One round: the copies and waits for estimated compute times (None if some event
     cannot get room). ``reload_by`` gives reloads a latest start (:func:`link_deadlines`)."""
     problem = cp.problem
@@ -261,8 +262,11 @@ def plan_offloads(
             if act in plan.before:  # an eager offload no event needed has no wait
                 waits.append((off, plan.before[act]))
             waits.append((plan.after[act], rel))
-    return OrderPieces(problem, streams, fractions, tuple(waits), "offload-links",
-                       {"lead": policy.lead, "fraction": policy.fraction})  # fmt: skip
+    split = not any(key.kind is OpKind.BW for ops in per_device for key in ops)
+    return Order(problem=problem, streams=streams, fractions=fractions, waits=tuple(waits),
+                 variant=Variant(split_backward=split, offload=True, recompute=False),
+                 name="offload-links",
+                 settings={"lead": policy.lead, "fraction": policy.fraction})  # fmt: skip
 
 
 def split_of(per_device: Sequence[Sequence[OpKey]]) -> bool:
@@ -270,7 +274,7 @@ def split_of(per_device: Sequence[Sequence[OpKey]]) -> bool:
     return not any(key.kind is OpKind.BW for ops in per_device for key in ops)
 
 
-def link_deadlines(pieces: OrderPieces, backward_start: dict[OpKey, float]
+def link_deadlines(pieces: Order, backward_start: dict[OpKey, float]
                    ) -> dict[Activation, float]:  # fmt: skip
     """Latest start of each reload of ``pieces`` so that the reloads sharing a link (or a
     device's own h2d stream) all end by the given backward starts: taken from the last
@@ -310,7 +314,7 @@ def place_offloads(
     *,
     policy: OffloadPolicy | None = None,
     compiled: CompiledProblem | None = None,
-) -> tuple[OrderPieces, Schedule] | None:
+) -> tuple[Order, Schedule] | None:
     """Copies that bring a compute order under the caps, re-planned over a few rounds.
 
     Parameters
@@ -326,28 +330,28 @@ def place_offloads(
 
     Returns
     -------
-    tuple[OrderPieces, Schedule] or None
+    tuple[Order, Schedule] or None
         The pieces and their simulated schedule with the smallest objective over the
         rounds whose memory walk succeeded (the caller validates it), or None.
     """
     policy = policy or OffloadPolicy()
     split = split_of(per_device)
     cp = compiled or CompiledProblem.of(problem, split_backward=split)
-    dag = build_dag(problem, split_backward=split, offload=True, recompute=False)
+    dag = dag_for(problem, Variant(split_backward=split, offload=True, recompute=False))
     try:
         end = cp.ends(per_device)
     except DeadlockError:
         return None
     start = {key: e - cp.duration[key] for key, e in end.items()}
     target = dict(start)  # the backward starts the copies should not delay
-    best: tuple[OrderPieces, Schedule] | None = None
+    best: tuple[Order, Schedule] | None = None
     reload_by: dict[Activation, float] = {}
     for _ in range(policy.rounds):
         pieces = plan_offloads(cp, per_device, start, end, policy, reload_by)
         if pieces is None:
             break
         try:
-            schedule = to_schedule(pieces, dag=dag)
+            schedule = simulate(pieces, dag=dag)
         except DeadlockError as err:  # not expected (see the module doc); keep going safely
             log.warning("offload plan deadlocks: %s", err)
             break

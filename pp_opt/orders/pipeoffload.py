@@ -32,14 +32,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
-from pp_opt.errors import DeadlockError, InfeasibleError, ProblemError
+from pp_opt.errors import DeadlockError, NoOrderError, ProblemError
 from pp_opt.ops import OpKey, OpKind
+from pp_opt.order import Order
+from pp_opt.orders.common import with_placement
 from pp_opt.orders.fast_eval import CompiledProblem
 from pp_opt.orders.offload_links import OffloadPolicy, place_offloads
 from pp_opt.orders.order_search import improve_order
-from pp_opt.orders.pieces import OrderPieces, compute_pieces
+from pp_opt.orders.pieces import budget, compute_pieces
 from pp_opt.problem import Device, Problem
 
 log = logging.getLogger(__name__)
@@ -102,7 +105,8 @@ def shapes(problem: Problem) -> Iterable[GroupShape]:
                 yield GroupShape(group=group, slope=slope, extra=extra)
 
 
-def pipeoffload(problem: Problem, *, time_limit: float = 30.0) -> OrderPieces:
+def pipeoffload(problem: Problem, *, deadline: float | None = None,
+                time_limit: float = 30.0) -> Order:  # fmt: skip
     """PipeOffload's schedule for the problem's cap and host links, best setting found.
 
     Compute orders are timed without copies first; the fastest that fits the cap alone
@@ -124,6 +128,8 @@ def pipeoffload(problem: Problem, *, time_limit: float = 30.0) -> OrderPieces:
         When no setting gives a valid schedule under the cap.
     """
     started = time.perf_counter()
+    time_limit = budget(deadline, time_limit)
+    problem = with_placement(problem, "pipeoffload", "loop", problem.v)
     cp = CompiledProblem.of(problem, split_backward=problem.split_backward)
     timed = _timed_orders(problem, cp)
     fitting = next((item for item in timed if cp.fits(item[2])), None)
@@ -132,7 +138,9 @@ def pipeoffload(problem: Problem, *, time_limit: float = 30.0) -> OrderPieces:
         value, shape, order = fitting
         order = improve_order(cp, order, time_limit=0.3 * time_limit)
         settings = {**_settings(shape, 0, None), "polished": True}
-        pieces = compute_pieces(problem, order, "pipeoffload", settings)
+        pieces = compute_pieces(
+            problem, order, "pipeoffload", settings, split_backward=problem.split_backward
+        )
         best = _Best(cp.makespan(order), shape, order, 0, None, pieces)
     if problem.offload:
         search = _Search(problem, cp, started + time_limit, best)
@@ -149,10 +157,10 @@ def pipeoffload(problem: Problem, *, time_limit: float = 30.0) -> OrderPieces:
                 search.try_order(shape, order, quick=False)
         best = search.best
     if best is None:
-        raise InfeasibleError(
-            "pipeoffload found no valid schedule under the cap; raise the cap, allow "
-            "offload (offload = true) or give the host links more time",
-        )
+        raise NoOrderError(
+            "pipeoffload", "no setting gives a valid schedule under the cap; raise the cap, "
+            "allow offload (offload = true) or give the host links more time",
+        )  # fmt: skip
     log.info("pipeoffload: %s -> makespan %.6g", best.pieces.settings, best.makespan)
     return best.pieces
 
@@ -178,7 +186,7 @@ class _Best:
     order: list[list[OpKey]]
     chunks: int
     policy: OffloadPolicy | None
-    pieces: OrderPieces
+    pieces: Order
 
 
 class _Search:
@@ -225,7 +233,7 @@ class _Search:
         improved = self._try(best.shape, order, best.chunks, best.policy)
         if improved and self.best is not None and self.best is not best:
             settings = {**self.best.pieces.settings, "polished": True}
-            self.best.pieces = self.best.pieces._replace(settings=settings)
+            self.best.pieces = replace(self.best.pieces, settings=settings)
 
     def _try(self, shape: GroupShape, order: list[list[OpKey]], chunks: int,
              policy: OffloadPolicy) -> bool:  # fmt: skip
@@ -239,7 +247,7 @@ class _Search:
         if self.best is None or schedule.metrics.makespan < self.best.makespan - 1e-9:
             settings = _settings(shape, chunks, policy)
             self.best = _Best(schedule.metrics.makespan, shape, order, chunks, policy,
-                              pieces._replace(name="pipeoffload", settings=settings))  # fmt: skip
+                              replace(pieces, name="pipeoffload", settings=settings))  # fmt: skip
         return True
 
 
@@ -256,8 +264,8 @@ def _policies(problem: Problem, chunks: int) -> list[OffloadPolicy]:
     ]
 
 
-def _settings(shape: GroupShape, chunks: int, policy: OffloadPolicy | None) -> dict:
-    out: dict = {"group": shape.group, "slope": shape.slope, "extra": shape.extra,
+def _settings(shape: GroupShape, chunks: int, policy: OffloadPolicy | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"group": shape.group, "slope": shape.slope, "extra": shape.extra,
                  "chunks_offloaded": chunks}  # fmt: skip
     if policy is not None:
         out.update(lead=policy.lead, eager=policy.eager, fraction=policy.fraction)

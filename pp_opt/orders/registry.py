@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from pp_opt.errors import ProblemError
 from pp_opt.orders.classic import gpipe, interleaved_1f1b, one_f_one_b
 from pp_opt.orders.common import OrderGenerator
+from pp_opt.orders.controllable_memory import v_half, v_min
 from pp_opt.orders.list_schedules import fallback, greedy_bfw, greedy_lazy_w
+from pp_opt.orders.pipeoffload import pipeoffload
 from pp_opt.orders.vshape import zb_v
 from pp_opt.orders.zb_greedy import zb_greedy
 from pp_opt.orders.zb_v_greedy import zb_v_greedy
@@ -36,6 +38,10 @@ class Entry:
     offload_base: bool = False
     """With offload allowed, its order made without the caps is also tried with copies in
     its gaps (:func:`pp_opt.orders.offload_warm.with_offloads`)."""
+    placements: frozenset[str] | None = None
+    """Placements whose problems it keeps (a warm start is only tried on those); None for
+    any. ``v-half`` on a ``loop`` problem, say, re-splits it: fine for ``pp-opt baseline``,
+    useless as a warm start."""
     options: frozenset[str] = frozenset()
     """Which of :data:`OPTIONS` it takes: ``fraction`` (the largest offload fraction
     allowed), ``deadline`` (a ``time.perf_counter()`` value by which to return its best)."""
@@ -58,6 +64,11 @@ def _rule(
                  offload_base=offload_base, options=frozenset(options))  # fmt: skip
 
 
+def _searched(generator: OrderGenerator, description: str, placement: str) -> Entry:
+    return Entry(generator=generator, description=description, baseline=True, warm_start=True,
+                 placements=frozenset({placement}), options=frozenset({"deadline"}))  # fmt: skip
+
+
 REGISTRY: dict[str, Entry] = {
     # The classic fixed patterns (baselines).
     "gpipe": _classic(gpipe, "GPipe: all forwards, then all backwards"),
@@ -76,8 +87,15 @@ REGISTRY: dict[str, Entry] = {
     "zb-v-greedy": _rule(
         zb_v_greedy, "Zero Bubble ZB-V cost-aware greedy, tuned (v)", "deadline"
     ),  # fmt: skip
+    # Rule schedules for tight memory (listed by `pp-opt baseline`, searched for the cap).
+    "v-half": _searched(v_half, "Controllable-memory V-Half, about half of 1F1B's memory", "v"),
+    "v-min": _searched(v_min, "Controllable-memory V-Min, about a third of 1F1B's memory", "v"),
+    "pipeoffload": _searched(
+        pipeoffload, "PipeOffload: group-interleaved 1F1B with offloaded chunks", "loop"
+    ),
     # New generators go here: import them above and add one entry each (_classic for a
-    # fixed pattern listed by `pp-opt baseline`, _rule for a warm-start rule).
+    # fixed pattern listed by `pp-opt baseline`, _rule for a warm-start rule, _searched
+    # for a rule schedule that searches its own parameters).
 }
 """Name -> generator entry, in the order they are listed and tried."""
 

@@ -18,6 +18,7 @@ from pp_opt.dag import dag_for
 from pp_opt.errors import PPOptError
 from pp_opt.order import Order
 from pp_opt.orders.common import same_placement
+from pp_opt.orders.offload_links import with_link_offloads
 from pp_opt.orders.offload_warm import roomy, with_offloads
 from pp_opt.orders.registry import REGISTRY, Entry
 from pp_opt.problem import Problem
@@ -81,11 +82,13 @@ def candidates(
         if found and _past(deadline):
             log.info("warm starts: out of time before %s", name)
             break
+        if entry.placements is not None and problem.placement not in entry.placements:
+            continue
         order = _generate(name, entry, problem, fraction=fraction, deadline=deadline)
         if order is None or not same_placement(order.problem, problem):
             continue
         _keep(found, rank, order, problem, order.name or name)
-    if problem.offload and not problem.host_links and not (found and _past(deadline)):
+    if problem.offload and not (found and _past(deadline)):
         base = roomy(problem)
         for rank, (name, entry) in enumerate(entries, start=len(entries)):
             if not entry.offload_base or (found and _past(deadline)):
@@ -97,8 +100,14 @@ def candidates(
                 # The roomy problem's DAG is the problem's: only caps and switches differ.
                 dag = dag_for(problem, made.variant)
                 timed = simulate(made, dag=dag, solver=_info(made.name or name))
-                offloaded = with_offloads(problem, timed, fraction)
-                _keep(found, rank, offloaded, problem, offloaded.name)
+                if not problem.host_links:
+                    offloaded = with_offloads(problem, timed, fraction)
+                    _keep(found, rank, offloaded, problem, offloaded.name)
+                linked = with_link_offloads(problem, timed, fractions)
+                if linked is not None:
+                    _keep_schedule(
+                        found, rank, linked, problem, f"{made.name or name}+offload-links"
+                    )
             except PPOptError as err:
                 log.debug("offload warm start from %s skipped: %s", name, err)
     found.sort(key=lambda item: (item[0], item[1]))
@@ -128,10 +137,21 @@ def _keep(
 ) -> None:
     """Time ``order`` and keep it (as ``name``) when it fits the caps."""
     try:
-        schedule = simulate(order, solver=_info(name))
+        schedule = simulate(order, solver=_info(name, order))
     except PPOptError as err:
         log.debug("warm start %s skipped: %s", name, err)
         return
+    _keep_schedule(found, rank, schedule, problem, name)
+
+
+def _keep_schedule(
+    found: list[tuple[float, int, Candidate]],
+    rank: int,
+    schedule: Schedule,
+    problem: Problem,
+    name: str,
+) -> None:
+    """Keep a timed warm start (as ``name``) when it fits the caps."""
     if not fits(problem, schedule):
         log.debug("warm start %s is over the caps", name)
         return
@@ -147,5 +167,6 @@ def fits(problem: Problem, schedule: Schedule) -> bool:
     )
 
 
-def _info(name: str) -> SolverInfo:
-    return SolverInfo(name=name, status=Status.HEURISTIC, objective=0.0)
+def _info(name: str, order: Order | None = None) -> SolverInfo:
+    extra = {"settings": dict(order.settings)} if order is not None and order.settings else {}
+    return SolverInfo(name=name, status=Status.HEURISTIC, objective=0.0, extra=extra)

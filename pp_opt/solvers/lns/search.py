@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from pp_opt.errors import PPOptError
 from pp_opt.metrics import compute_metrics
-from pp_opt.schedule import Schedule, SolverInfo
+from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo
 from pp_opt.simulator import retime
 from pp_opt.solvers.cpsat.scaling import choose_scaling
 from pp_opt.solvers.lns.submodel import solve_window
@@ -109,7 +109,7 @@ def improve(
     return best
 
 
-def _accepted(best: Schedule, ops: tuple) -> Schedule | None:  # noqa: ANN001 - ScheduledOp tuple
+def _accepted(best: Schedule, ops: tuple[ScheduledOp, ...]) -> Schedule | None:
     """The window's ops re-timed exactly and validated, or None if they do not check out."""
     info = SolverInfo(name=best.solver.name, status=best.solver.status, objective=0.0,
                       extra=dict(best.solver.extra))  # fmt: skip
