@@ -23,7 +23,12 @@ Term = Callable[[Problem], float]
 """One lower bound on an objective, as a function of the problem."""
 
 
-def lower_bound(problem: Problem, objective: str | None = None) -> float:
+def lower_bound(
+    problem: Problem,
+    objective: str | None = None,
+    *,
+    offload_fractions: Sequence[float] = (1.0,),
+) -> float:
     """The largest of the device bounds below, for ``makespan`` or ``span``.
 
     Notation: ``s0(d)`` is the lowest stage on device ``d``; ``fill(s)`` the
@@ -57,12 +62,17 @@ def lower_bound(problem: Problem, objective: str | None = None) -> float:
     ``loop(s)`` through the stages above ``s`` (their forwards and backwards and
     the device changes). The fill before the first op does not count in a span.
 
+    The memory caps add the terms of :func:`memory_makespan` and :func:`memory_area`.
+
     Parameters
     ----------
     problem
-        The problem; its placement, costs and ``t_comm`` decide the bound.
+        The problem; its placement, costs, ``t_comm``, caps and switches decide the bound.
     objective
         ``makespan`` or ``span``; the problem's own objective when None.
+    offload_fractions
+        Fractions one offload may move (with ``problem.offload``); the memory terms
+        assume the most helpful of them.
 
     Returns
     -------
@@ -72,8 +82,15 @@ def lower_bound(problem: Problem, objective: str | None = None) -> float:
     objective = objective or problem.objective
     if objective not in OBJECTIVES:
         raise ProblemError("objective", f"unknown {objective!r}; use 'makespan' or 'span'")
-    terms = MAKESPAN_TERMS if objective == "makespan" else SPAN_TERMS
-    return max(term(problem) for term in terms)
+    if not isinstance(problem, Problem):
+        raise ProblemError("problem", f"got {type(problem).__name__}; give a Problem")
+    fractions = tuple(offload_fractions)
+    if objective == "makespan":
+        values = [term(problem) for term in MAKESPAN_TERMS]
+        values += [memory_makespan(problem, fractions), memory_area(problem, fractions)]
+    else:
+        values = [term(problem) for term in SPAN_TERMS]
+    return max(values)
 
 
 def _backward_kinds(problem: Problem) -> tuple[OpKind, ...]:
@@ -133,7 +150,7 @@ def _device_makespan(problem: Problem) -> float:
     return best
 
 
-def _round_trip(problem: Problem, stage: int) -> float:
+def round_trip(problem: Problem, stage: int) -> float:
     """From the end of ``F(stage, j)`` to the start of its backward: the stages above."""
     back = OpKind.B if problem.split_backward else OpKind.BW
     total = 0.0
@@ -153,7 +170,7 @@ def _first_round_trip(problem: Problem) -> float:
     return max(
         min(
             sum(duration(problem, kind, s) for kind in (OpKind.F, *_backward_kinds(problem)))
-            + _round_trip(problem, s)
+            + round_trip(problem, s)
             for s in problem.stages_on(device)
         )
         for device in range(problem.p)
@@ -230,3 +247,152 @@ def check_caps(problem: Problem, offload_fractions: Sequence[float] = (1.0,)) ->
     raise InfeasibleError(
         device=d, need=need[d], cap=problem.devices[d].cap, min_cap=max(need), hints=tuple(hints)
     )
+
+
+# --- memory-aware time bounds ----------------------------------------------------------
+
+
+def _device_costs(problem: Problem, device: int) -> tuple[int, float, float, float, float]:
+    """``(s0, c, t_f0, t_back0, t_w0)``: the device's first stage, its work per microbatch
+    (required ops), and that stage's forward, backward and ``W`` times."""
+    s0 = min(problem.stages_on(device))
+    kinds = (OpKind.F, *_backward_kinds(problem))
+    work = sum(duration(problem, k, s) for s in problem.stages_on(device) for k in kinds)
+    back = OpKind.B if problem.split_backward else OpKind.BW
+    t_w0 = duration(problem, OpKind.W, s0) if problem.split_backward else 0.0
+    return s0, work, duration(problem, OpKind.F, s0), duration(problem, back, s0), t_w0
+
+
+def admitted_limit(problem: Problem, device: int, fractions: Sequence[float]) -> int:
+    """How many microbatches can have their first-stage activation on ``device`` alive at
+    once: each holds at least :func:`kept_memory` of it (``m`` when that is 0)."""
+    s0 = min(problem.stages_on(device))
+    kept = kept_memory(problem, s0, fractions)
+    room = problem.devices[device].cap - problem.devices[device].static
+    if kept <= 0:
+        return problem.m
+    return max(1, min(problem.m, int(room / kept + 1e-9)))
+
+
+def memory_makespan(problem: Problem, fractions: Sequence[float] = (1.0,)) -> float:
+    """``fill + idle_warm + F_d + B_d + max(W_d, drain)`` and the cool-down bound, per device.
+
+    Let ``s0`` be the first stage on ``d``, ``K`` :func:`admitted_limit`, ``c`` the
+    device's work per microbatch, ``w1 = c - t_back(s0) - t_w(s0)`` and ``A = t_f(s0) +
+    round_trip(s0)`` (a backward of ``s0`` starts at least ``A`` after its forward).
+
+    Warm-up. Let ``tau`` be the start of the first backward of ``s0`` on ``d``, so
+    ``tau >= fill(s0) + A``. Every op on ``d`` depends on its microbatch's forward of
+    ``s0``, and before ``tau`` no activation of ``s0`` has been freed, so the ops run
+    before ``tau`` belong to at most ``K`` microbatches and none is a backward or
+    ``W`` of ``s0``: at most ``K w1`` of work, so the device idles at least
+    ``idle_warm = max(0, A - K w1)`` in ``[fill, tau)``. That idle comes before the
+    device's last backward, which the argument of :func:`_device_makespan` places at
+    ``fill + F_d + B_d + x`` plus any idle before it: add ``idle_warm`` to that bound.
+
+    Cool-down (``m > K``). Let ``f`` be the start of the last forward of ``s0`` on ``d``.
+    Its microbatch's backward of ``s0`` ends no earlier than ``f + A + t_back(s0)``, and
+    then its ``W`` and the backward chain below (``drain(s0)``). After ``f`` the device
+    only runs ops of the at most ``K`` microbatches in flight, each of which already
+    started its forward of ``s0``: at most ``t_f(s0) + K (c - t_f(s0))`` of work. Before
+    ``f`` it ran the rest, after ``fill`` and the warm-up idle (the ``(K+1)``-th forward
+    of ``s0`` waited for a freed activation, so ``tau < f``). Hence ``makespan >= fill +
+    idle_warm + m c - t_f(s0) - K (c - t_f(s0)) + A + t_back(s0) + max(t_w(s0),
+    drain(s0))``.
+    """
+    best = 0.0
+    for device in range(problem.p):
+        s0, work, t_f0, t_back0, t_w0 = _device_costs(problem, device)
+        k = admitted_limit(problem, device, fractions)
+        reach = t_f0 + round_trip(problem, s0)
+        idle_warm = max(0.0, reach - k * (work - t_back0 - t_w0))
+        load = _loads(problem, device)
+        back = OpKind.B if problem.split_backward else OpKind.BW
+        fill = _fill(problem, s0)
+        drain = _drain(problem, s0)
+        warm = fill + idle_warm + load[OpKind.F] + load[back]
+        warm += max(load.get(OpKind.W, 0.0), drain)
+        best = max(best, warm)
+        if problem.m > k:
+            busy_before = problem.m * work - t_f0 - k * (work - t_f0)
+            cool = fill + idle_warm + busy_before + reach + t_back0 + max(t_w0, drain)
+            best = max(best, cool)
+    return best
+
+
+def _activation_area(problem: Problem, stage: int) -> float:
+    """Least memory-time one kept activation of ``stage`` holds: ``m_b`` from its forward's
+    start to its backward's end, and ``m_w`` for the ``W`` after it."""
+    st = problem.stages[stage]
+    reach = st.t_f + round_trip(problem, stage)
+    if problem.split_backward:
+        return (st.m_b - st.m_w) * (reach + st.t_b) + st.m_w * (reach + st.t_b + st.t_w)
+    return st.m_b * (reach + st.fused_backward)
+
+
+def _offload_saving(problem: Problem, stage: int) -> tuple[float, float, float]:
+    """``(area saved, d2h time, h2d time)`` of offloading a whole activation of ``stage``:
+    at most ``m_b`` times the round trip (it must be resident during its forward and
+    backward). A fraction ``a`` saves and costs ``a`` of that at most (an upper bound on the
+    saving keeps the bound valid)."""
+    st = problem.stages[stage]
+    return st.m_b * round_trip(problem, stage), st.t_offload, st.t_reload
+
+
+def memory_area(problem: Problem, fractions: Sequence[float] = (1.0,)) -> float:
+    """Little's law on each device: ``room * T >= memory-time the activations hold``.
+
+    Over ``[0, T]`` a device holds at most ``room = cap - static`` at every moment, so the
+    integral of its memory is at most ``room T``; every activation holds at least
+    :func:`_activation_area` of it unless recomputed (then the bound is not used) or
+    offloaded. An offload saves at most :func:`_offload_saving` and takes its copy time
+    on the device's copy streams, which devices sharing a host link share: so ``T`` must
+    cover the copy time that buys the missing saving, cheapest saving per second first
+    (a fractional knapsack, which can only under-estimate the copies needed). The
+    smallest ``T`` for which every device and link fits is found by bisection.
+    """
+    if problem.recompute:
+        return 0.0
+    need = []
+    for device in range(problem.p):
+        area = problem.m * sum(_activation_area(problem, s) for s in problem.stages_on(device))
+        room = problem.devices[device].cap - problem.devices[device].static
+        need.append((area, room))
+    if not problem.offload:
+        return max(area / room if room > 0 else 0.0 for area, room in need)
+
+    def copy_time(device: int, t: float) -> tuple[float, float]:
+        area, room = need[device]
+        missing = area - room * t
+        d2h = h2d = 0.0
+        options = sorted((_offload_saving(problem, s) for s in problem.stages_on(device)),
+                         key=lambda o: -o[0] / max(o[1], 1e-12))  # fmt: skip
+        for saving, t_off, t_rel in options:
+            if missing <= 0:
+                break
+            if saving <= 0:
+                continue
+            use = min(problem.m, missing / saving)
+            missing -= use * saving
+            d2h += use * t_off
+            h2d += use * t_rel
+        return (float("inf"), float("inf")) if missing > 1e-9 else (d2h, h2d)
+
+    def fits(t: float) -> bool:
+        groups: dict[int, list[int]] = {}
+        for device in range(problem.p):
+            link = problem.link_group(device)
+            groups.setdefault(-1 - device if link is None else link, []).append(device)
+        for devices in groups.values():
+            times = [copy_time(d, t) for d in devices]
+            if sum(x for x, _ in times) > t or sum(y for _, y in times) > t:
+                return False
+        return True
+
+    low, high = 0.0, max(area / room if room > 0 else 0.0 for area, room in need)
+    if fits(low):
+        return 0.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (low, mid) if fits(mid) else (mid, high)
+    return low

@@ -26,7 +26,7 @@ from pp_opt.orders.common import same_placement
 from pp_opt.problem import OBJECTIVES, Problem
 from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo, Status
 from pp_opt.simulator import retime
-from pp_opt.solvers.base import BackendResult, ProgressCallback, SolveOptions
+from pp_opt.solvers.base import BackendResult, Progress, ProgressCallback, SolveOptions
 from pp_opt.solvers.result import SolveResult, WarmStart
 from pp_opt.validator import ValidationError, check_schedule
 
@@ -34,6 +34,15 @@ log = logging.getLogger(__name__)
 
 SOLVERS = ("cpsat", "milp", "milp-highs")
 """``milp`` runs PuLP with CBC; ``milp-highs`` the same model with HiGHS."""
+
+FULL_MODEL_OPS = 3000
+"""Above this many ops a CP-SAT solve skips the full model: it rarely improves a good warm
+start there within minutes, and building it takes seconds. The large-neighbourhood
+search (:mod:`pp_opt.solvers.lns`) improves the warm start instead."""
+
+FULL_MODEL_SHARE = 0.5
+"""Share of the time left after the warm starts that the full CP-SAT model gets when the
+large-neighbourhood search follows it."""
 
 WARM_START_SHARE = 0.5
 """Share of the time limit after which no further warm-start generator starts; the
@@ -94,34 +103,39 @@ def solve(
         For a bad argument, or when nothing was found within ``time_limit``.
     """
     started = time.perf_counter()
+    end = started + time_limit
     problem, options = _prepare(problem, solver, time_limit, threads, seed, objective,
                                 progress, offload_fractions)  # fmt: skip
-    check_caps(problem, options.offload_fractions if problem.offload else ())
-    deadline = started + WARM_START_SHARE * time_limit
-    warm = _warm_start(problem, warm_start, options.offload_fractions, deadline)
+    fractions = options.offload_fractions
+    check_caps(problem, fractions if problem.offload else ())
+    warm = _warm_start(problem, warm_start, fractions, started + WARM_START_SHARE * time_limit)
     options.warm_start = warm[1] if warm else None
-    left = time_limit - (time.perf_counter() - started)
-    if left > 0:
-        options.time_limit = max(0.1, left)
-        result = _backend(solver)(problem, dag_for(problem), options)
-    else:  # the warm starts used all the time: the backend gets none
-        result = BackendResult(status=Status.TIMEOUT, objective=None, bound=None, seconds=0.0,
-                               ops=None)  # fmt: skip
+    dag = dag_for(problem)
+    # CP-SAT solves get a large-neighbourhood search after the full model (or instead of
+    # it, when the model is too large to search well): it improves a valid schedule.
+    search = solver == "cpsat" and warm is not None
+    full = not (search and dag.number_of_nodes() > FULL_MODEL_OPS)
+    result = _run_backend(solver, problem, dag, options, end, share=FULL_MODEL_SHARE if search
+                          else 1.0) if full else _skipped()  # fmt: skip
     found = _checked(problem, result, solver)
-    bound = lower_bound(problem, options.objective)
+    bound = lower_bound(problem, options.objective, offload_fractions=fractions)
     if result.bound is not None:
         bound = max(bound, result.bound)
-    chosen, status = found, result.status
+    chosen = found
     if warm is not None and (found is None or _value(warm[1]) < _value(found) - 1e-9):
-        chosen, status = warm[1], Status.FEASIBLE
+        chosen = warm[1]
     if chosen is None:
         raise ProblemError(
             "time_limit",
             f"{solver} found no schedule in {time_limit:g} s ({result.status}); raise it",
         )
+    windows = improvements = 0
+    if search and not _proved(_value(chosen), bound) and end - time.perf_counter() > 0.3:
+        chosen, windows, improvements = _improve(chosen, options, end, bound, started)
     value = _value(chosen)
     bound = min(bound, value)
     gap = (value - bound) / value if value > 0 else 0.0
+    status = Status.OPTIMAL if _proved(value, bound) else Status.FEASIBLE
     warm_info = WarmStart(name=warm[0], objective=_value(warm[1])) if warm else None
     info = SolverInfo(
         name=solver,
@@ -140,6 +154,8 @@ def solve(
             "seed": seed,
         },
     )
+    if windows:
+        info.extra["search"] = {"windows": windows, "improvements": improvements}
     schedule = Schedule(problem=chosen.problem, ops=chosen.ops, solver=info,
                         metrics=chosen.metrics, variant=chosen.variant)  # fmt: skip
     return SolveResult(schedule=schedule, warm_start=warm_info)
@@ -205,6 +221,56 @@ def _warm_start(
                      metrics=compute_metrics(problem, warm_start.ops),
                      variant=warm_start.variant)  # fmt: skip
     return "given", check_schedule(retime(given))
+
+
+def _proved(value: float, bound: float) -> bool:
+    """Optimal means the gap to the bound is zero for the problem as given."""
+    return value <= bound + 1e-9 * max(1.0, abs(value))
+
+
+def _skipped() -> BackendResult:
+    return BackendResult(status=Status.TIMEOUT, objective=None, bound=None, seconds=0.0, ops=None)
+
+
+def _run_backend(
+    solver: str,
+    problem: Problem,
+    dag: nx.DiGraph,
+    options: SolveOptions,
+    end: float,
+    *,
+    share: float,
+) -> BackendResult:
+    """The backend with ``share`` of the time left before ``end`` (none: not run)."""
+    left = end - time.perf_counter()
+    if left <= 0:  # the warm starts used all the time
+        return _skipped()
+    options.time_limit = max(0.1, share * left)
+    return _backend(solver)(problem, dag, options)
+
+
+def _improve(
+    schedule: Schedule,
+    options: SolveOptions,
+    end: float,
+    bound: float,
+    started: float,
+) -> tuple[Schedule, int, int]:
+    """The large-neighbourhood search from ``schedule`` until ``end``, reporting progress;
+    also the windows it tried and how many improved the schedule."""
+    from pp_opt.solvers.lns import SearchStats, improve  # OR-Tools loads slowly
+
+    stats = SearchStats()
+    report = options.progress
+
+    def on_improve(better: Schedule) -> None:
+        if report is not None:
+            report(Progress(seconds=time.perf_counter() - started, objective=_value(better),
+                            bound=bound))  # fmt: skip
+
+    best = improve(schedule, deadline=end, threads=options.threads, seed=options.seed,
+                   on_improve=on_improve, stats=stats)  # fmt: skip
+    return best, stats.windows, stats.improvements
 
 
 def _backend(solver: str) -> Backend:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pp_opt.errors import PPOptError
 from pp_opt.metrics import compute_metrics
 from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo
-from pp_opt.simulator import retime
+from pp_opt.simulator import order_of, retime
 from pp_opt.solvers.cpsat.scaling import choose_scaling
 from pp_opt.solvers.lns.submodel import solve_window
 from pp_opt.solvers.lns.window import cut_window
@@ -51,6 +51,7 @@ def improve(
     threads: int = 2,
     seed: int = 0,
     window_ops: int = 400,
+    elastic_ops: int = 1200,
     step_limit: float = 2.0,
     on_improve: Improved | None = None,
     stats: SearchStats | None = None,
@@ -80,10 +81,12 @@ def improve(
             position = rng.randrange(0, max(1, size // 2))
         low = starts[position]
         high = starts[position + size] if position + size < n else float("inf")
-        window = cut_window(best, low, high)
+        reach = position + size + elastic_ops
+        window = cut_window(best, low, high, starts[reach] if reach < n else float("inf"))
         stats.windows += 1
-        result = solve_window(best, window, scaling, time_limit=min(step_limit, left),
-                              threads=threads, seed=seed + stats.windows)  # fmt: skip
+        result = solve_window(best, window, scaling, waits=order_of(best).waits,
+                              time_limit=min(step_limit, left), threads=threads,
+                              seed=seed + stats.windows)  # fmt: skip
         gained = False
         if result is not None and result.objective < best.objective_value(objective) - 1e-9:
             candidate = _accepted(best, result.ops)

@@ -1,15 +1,21 @@
-"""The CP-SAT model of one neighbourhood (:mod:`.window`): free ops placed, tails shifted.
+"""The CP-SAT model of one neighbourhood (:mod:`.window`): free ops placed, the tail retimed.
 
-Variables: a start per free op, a shift per shift group (the tails of its devices move
-by it), the objective. Why a solution is a valid schedule of the whole problem:
+Variables: a start per free op and per elastic tail op, a shift per shift group (its
+rigid tail ops move by it), a cut per device (when its tail may start), the
+objective. Why a solution is a valid schedule of the whole problem:
 
 - fixed ops keep their times, and free ops start after the fixed ops of their stream
-  (or host link) end and after every DAG predecessor;
-- every fixed and free op of a device ends by the device's shifted cut, and each tail
-  moves rigidly, so no free op overlaps a tail op and the tail's own order, timing and
-  memory events are those of the old schedule shifted (see :mod:`.window`);
-- every DAG edge that touches a free or a tail op is a constraint (edges between two
-  tails of different groups bound the difference of their shifts);
+  (or host link) end and after every DAG predecessor; free ops of a queue never
+  overlap (one no-overlap per stream or shared link);
+- every fixed and free op of a device ends by the device's cut, and every tail op of
+  it starts after the cut, so the device has executed the same ops at its cut as the
+  old schedule at its own (a free copy on a shared link ends by the cut of every
+  device on the link);
+- tail ops keep the old schedule's order on every stream and shared link and its
+  cross-stream waits, so the tail's memory levels are bounded by the old ones (the
+  argument of :func:`pp_opt.simulator.retime`, see :mod:`.window`);
+- every DAG edge that touches a free or a tail op is a constraint (edges between
+  rigid ops of two groups bound the difference of their shifts);
 - the memory of each device is a cumulative of the lifetimes that start before its
   cut, so the level is under the cap wherever it can differ from the old schedule's.
 
@@ -58,11 +64,18 @@ def queue_of(problem: Problem, device: int, stream: Stream) -> QueueKey:
 class _Builder:
     """Builds the sub-model; one instance per neighbourhood."""
 
-    def __init__(self, schedule: Schedule, window: Window, scaling: Scaling) -> None:
+    def __init__(
+        self,
+        schedule: Schedule,
+        window: Window,
+        scaling: Scaling,
+        waits: tuple[tuple[OpKey, OpKey], ...],
+    ) -> None:
         self.schedule = schedule
         self.problem = schedule.problem
         self.window = window
         self.scaling = scaling
+        self.waits = waits
         self.model = cp_model.CpModel()
         self.ops = {op.key: op for op in schedule.ops}
         self.size = {
@@ -73,14 +86,18 @@ class _Builder:
         self.top = max(self.start0[k] + self.size[k] for k in self.ops) + 1
         self.start: dict[OpKey, cp_model.IntVar] = {}
         self.shift: dict[int, cp_model.IntVar] = {}
+        self.cut: dict[int, cp_model.IntVar] = {}
         self.earliest: dict[int, int] = {}
         """Per device with free ops, no free op of it can start earlier than this."""
 
     def device(self, key: OpKey) -> int:
         return self.problem.device_of(key.stage)
 
+    def part(self, key: OpKey) -> str:
+        return self.window.part_of(key)
+
     def start_of(self, key: OpKey) -> Expr:
-        if key in self.window.free:
+        if key in self.start:
             return self.start[key]
         if key in self.window.tail:
             return self.start0[key] + self.shift[self.window.group[self.device(key)]]
@@ -90,20 +107,29 @@ class _Builder:
         return self.start_of(key) + self.size[key]
 
     def variables(self) -> None:
+        horizon = 4 * self.top
         for key in self.window.free:
-            self.start[key] = self.model.new_int_var(0, self.top, f"s_{key}")
+            self.start[key] = self.model.new_int_var(0, horizon, f"s_{key}")
+        for key in self.window.elastic:
+            self.start[key] = self.model.new_int_var(0, horizon, f"e_{key}")
         for device in self.window.cut:
+            self.cut[device] = self.model.new_int_var(0, horizon, f"cut_{device}")
             group = self.window.group[device]
             if group not in self.shift:
-                self.shift[group] = self.model.new_int_var(-self.top, self.top, f"d_{group}")
+                self.shift[group] = self.model.new_int_var(-self.top, horizon, f"d_{group}")
 
-    def stream_rules(self) -> None:
-        """Free ops after the fixed ops of their queue, one at a time, before the cut."""
+    def free_ops(self) -> None:
+        """Free ops after the fixed ops of their queue, one at a time, before the cuts."""
         p = self.problem
         fixed_end: dict[QueueKey, int] = defaultdict(int)
+        latest: dict[int, int] = defaultdict(int)
         for key, op in self.window.fixed.items():
+            end = self.start0[key] + self.size[key]
             q = queue_of(p, self.device(key), op.stream)
-            fixed_end[q] = max(fixed_end[q], self.start0[key] + self.size[key])
+            fixed_end[q] = max(fixed_end[q], end)
+            latest[self.device(key)] = max(latest[self.device(key)], end)
+        for device, cut in self.cut.items():
+            self.model.add(cut >= latest[device])
         intervals: dict[QueueKey, list[cp_model.IntervalVar]] = defaultdict(list)
         for key, op in self.window.free.items():
             q = queue_of(p, self.device(key), op.stream)
@@ -113,22 +139,12 @@ class _Builder:
             intervals[q].append(
                 self.model.new_fixed_size_interval_var(self.start[key], self.size[key], f"i_{key}")
             )
-            for device in self._sharing(key, op.stream):
-                cut = self.window.cut.get(device)
-                if cut is not None:
-                    shift = self.shift[self.window.group[device]]
-                    self.model.add(self.end_of(key) <= self.scaling.t(cut) + shift)
+            for other in self._sharing(key, op.stream):
+                if other in self.cut:
+                    self.model.add(self.end_of(key) <= self.cut[other])
         for queue in intervals.values():
             if len(queue) > 1:
                 self.model.add_no_overlap(queue)
-        # Fixed ops end by the cut too (they do in the old schedule; the shift keeps it).
-        latest: dict[int, int] = defaultdict(int)
-        for key in self.window.fixed:
-            device = self.device(key)
-            latest[device] = max(latest[device], self.start0[key] + self.size[key])
-        for device, cut in self.window.cut.items():
-            shift = self.shift[self.window.group[device]]
-            self.model.add(self.scaling.t(cut) + shift >= latest[device])
 
     def _sharing(self, key: OpKey, stream: Stream) -> list[int]:
         """Devices whose tails an op must end before: its own, and its link's for copies."""
@@ -136,25 +152,58 @@ class _Builder:
         link = None if stream is Stream.COMPUTE else self.problem.link_group(device)
         return [device] if link is None else list(self.problem.host_links[link])
 
+    def tail_order(self) -> None:
+        """Tail ops after their device's cut, in the old order of every stream and link."""
+        p, window = self.problem, self.window
+        queues: dict[QueueKey, list[ScheduledOp]] = defaultdict(list)
+        for op in window.tail.values():
+            queues[queue_of(p, self.device(op.key), op.stream)].append(op)
+        for ops in queues.values():
+            ops.sort(key=lambda op: (op.start, op.end))
+            for device in {self.device(op.key) for op in ops}:
+                mine = next(op.key for op in ops if self.device(op.key) == device)
+                self.model.add(self.start_of(mine) >= self.cut[device])
+            for before, after in zip(ops, ops[1:], strict=False):
+                self._keep_before(before.key, after.key, 0)
+        for u, w in self.waits:
+            if u in window.tail and w in window.tail:
+                self._keep_before(u, w, 0)
+
+    def _keep_before(self, u: OpKey, w: OpKey, latency: int) -> None:
+        """``w`` starts no earlier than ``u`` ends plus ``latency`` (tail or free ops)."""
+        pu, pw = self.part(u), self.part(w)
+        if pu == "rigid" and pw == "rigid":
+            gu, gw = self.window.group[self.device(u)], self.window.group[self.device(w)]
+            if gu == gw:
+                return  # they move together: the old schedule already orders them
+            slack = self.start0[w] - self.start0[u] - self.size[u] - latency
+            key = (gu, gw)
+            self.gap[key] = min(self.gap.get(key, slack), slack)
+            return
+        self.model.add(self.end_of(u) + latency <= self.start_of(w))
+
     def precedences(self) -> None:
         dag = dag_for(self.problem, self.schedule.variant)
-        gap: dict[tuple[int, int], int] = {}
         for u, w, lat in dag.edges(data="latency"):
             if u not in self.ops or w not in self.ops:
                 continue  # an optional op this schedule does not have
-            pu, pw = self.window.part_of(u), self.window.part_of(w)
-            if pw == "fixed":
+            if self.part(w) == "fixed":
                 continue  # so is u: the old schedule already orders them
-            latency = self.scaling.t(lat)
-            if pu == "tail" and pw == "tail":
-                gu, gw = self.window.group[self.device(u)], self.window.group[self.device(w)]
-                if gu != gw:
-                    slack = self.start0[w] - self.start0[u] - self.size[u] - latency
-                    gap[(gu, gw)] = min(gap.get((gu, gw), slack), slack)
-                continue
-            self.model.add(self.end_of(u) + latency <= self.start_of(w))
-        for (gu, gw), slack in gap.items():
+            self._keep_before(u, w, self.scaling.t(lat))
+
+    def shifts(self) -> None:
+        """Rigid tails: the shift pairs the DAG and the orders bound, the cuts they follow."""
+        for (gu, gw), slack in self.gap.items():
             self.model.add(self.shift[gu] - self.shift[gw] <= slack)
+        first_rigid: dict[int, OpKey] = {}
+        for key in self.window.tail:
+            if key in self.window.elastic:
+                continue
+            d = self.device(key)
+            if d not in first_rigid or self.start0[key] < self.start0[first_rigid[d]]:
+                first_rigid[d] = key
+        for d, key in first_rigid.items():
+            self.model.add(self.start_of(key) >= self.cut[d])
 
     def memory(self) -> None:
         p, window = self.problem, self.window
@@ -166,7 +215,7 @@ class _Builder:
         for s in range(p.num_stages):
             device = p.device_of(s)
             if device not in busy:
-                continue  # no free op: nothing on the device moves but its tail, rigidly
+                continue  # no free op: the device's prefix keeps its times, its tail its order
             for j in range(p.m):
                 offload = self.ops.get(OpKey(OpKind.OFFLOAD, s, j))
                 allocs, frees = activation_events(
@@ -177,7 +226,7 @@ class _Builder:
                 for (ak, a_end), (fk, f_end), amount in match_lifetimes(allocs, frees):
                     alloc, free = OpKey(ak, s, j), OpKey(fk, s, j)
                     if alloc in window.tail:
-                        continue  # inside the tail: repeats the old schedule's
+                        continue  # inside the tail: bounded by the old schedule's levels
                     demand = self.scaling.mem(amount)
                     if demand <= 0:
                         continue
@@ -190,7 +239,7 @@ class _Builder:
                             begin, finish - begin, f"m_{alloc}"
                         )
                     else:
-                        length = self.model.new_int_var(0, 2 * self.top, f"l_{alloc}_{fk}")
+                        length = self.model.new_int_var(0, 8 * self.top, f"l_{alloc}_{fk}")
                         interval = self.model.new_interval_var(begin, length, finish, f"m_{alloc}")
                     per_device[device][0].append(interval)
                     per_device[device][1].append(demand)
@@ -199,21 +248,22 @@ class _Builder:
             self.model.add_cumulative(intervals, demands, self.scaling.cap(dev.cap - dev.static))
 
     def objective(self, objective: str, current: int) -> cp_model.IntVar:
-        obj = self.model.new_int_var(0, 4 * self.top, "objective")
+        horizon = 8 * self.top
+        obj = self.model.new_int_var(0, horizon, "objective")
         p, window = self.problem, self.window
         last: dict[int, list[Expr]] = defaultdict(list)
         first: dict[int, list[Expr]] = defaultdict(list)
-        for key in window.free:
+        for key in (*window.free, *window.elastic):
             last[self.device(key)].append(self.end_of(key))
             first[self.device(key)].append(self.start_of(key))
-        for part in (window.fixed, window.tail):
+        rigid = {k: op for k, op in window.tail.items() if k not in window.elastic}
+        for part in (window.fixed, rigid):
             ends: dict[int, OpKey] = {}
             starts: dict[int, OpKey] = {}
             for key in part:
                 d = self.device(key)
-                if d not in ends or self.start0[key] + self.size[key] > (
-                    self.start0[ends[d]] + self.size[ends[d]]
-                ):
+                end = self.start0[key] + self.size[key]
+                if d not in ends or end > self.start0[ends[d]] + self.size[ends[d]]:
                     ends[d] = key
                 if d not in starts or self.start0[key] < self.start0[starts[d]]:
                     starts[d] = key
@@ -224,13 +274,13 @@ class _Builder:
         for d in range(p.p):
             if not last[d]:
                 continue
-            top = self.model.new_int_var(-self.top, 4 * self.top, f"last_{d}")
+            top = self.model.new_int_var(-self.top, horizon, f"last_{d}")
             for expr in last[d]:
                 self.model.add(top >= expr)
             if objective == "makespan":
                 self.model.add(obj >= top)
             else:
-                low = self.model.new_int_var(-self.top, 4 * self.top, f"first_{d}")
+                low = self.model.new_int_var(-self.top, horizon, f"first_{d}")
                 for expr in first[d]:
                     self.model.add(low <= expr)
                 self.model.add(obj >= top - low)
@@ -243,7 +293,23 @@ class _Builder:
             self.model.add_hint(var, self.start0[key])
         for var in self.shift.values():
             self.model.add_hint(var, 0)
+        for device, var in self.cut.items():
+            self.model.add_hint(var, self.scaling.t(self.window.cut[device]))
         self.model.add_hint(obj, current)
+
+    def build(self, objective: str, current: int) -> cp_model.IntVar:
+        """Every part, in this order: variables, free ops, tail order, DAG edges, shifts,
+        memory, objective and hints (the old schedule)."""
+        self.gap: dict[tuple[int, int], int] = {}
+        self.variables()
+        self.free_ops()
+        self.tail_order()
+        self.precedences()
+        self.shifts()
+        self.memory()
+        obj = self.objective(objective, current)
+        self.hints(obj, current)
+        return obj
 
 
 def solve_window(
@@ -251,20 +317,19 @@ def solve_window(
     window: Window,
     scaling: Scaling,
     *,
+    waits: tuple[tuple[OpKey, OpKey], ...],
     time_limit: float,
     threads: int,
     seed: int,
 ) -> WindowResult | None:
-    """Re-place the free ops of ``window`` and shift the tails; None if nothing was found."""
-    b = _Builder(schedule, window, scaling)
+    """Re-place the free ops of ``window`` and retime its tail; None if nothing was found.
+
+    ``waits`` are the old schedule's cross-stream waits (:func:`pp_opt.simulator.order_of`).
+    """
+    b = _Builder(schedule, window, scaling, waits)
     objective = schedule.problem.objective
     current = scaling.t(schedule.objective_value(objective))
-    b.variables()
-    b.stream_rules()
-    b.precedences()
-    b.memory()
-    obj = b.objective(objective, current)
-    b.hints(obj, current)
+    obj = b.build(objective, current)
     solver = cp_model.CpSolver()
     params = solver.parameters
     params.max_time_in_seconds = max(0.01, time_limit)
@@ -276,14 +341,10 @@ def solve_window(
         return None
     scale = scaling.time
     ops = list(window.fixed.values())
-    for key, op in window.free.items():
-        begin = solver.value(b.start[key]) / scale
+    for key, op in (*window.free.items(), *window.tail.items()):
+        begin = solver.value(b.start_of(key)) / scale
         ops.append(ScheduledOp(op.kind, op.stage, op.microbatch, op.stream, begin,
                                begin + (op.end - op.start), op.fraction))  # fmt: skip
-    for key, op in window.tail.items():
-        moved = solver.value(b.shift[window.group[b.device(key)]]) / scale
-        ops.append(ScheduledOp(op.kind, op.stage, op.microbatch, op.stream, op.start + moved,
-                               op.end + moved, op.fraction))  # fmt: skip
     return WindowResult(
         ops=tuple(ops),
         objective=solver.value(obj) / scale,

@@ -4,16 +4,21 @@ A window ``[a, b)`` in time splits every device's ops into
 
 - *fixed*: ops that start before ``a`` keep their times exactly;
 - *free*: ops that start in ``[a, b)`` may move and change order (CP-SAT places them);
-- *tail*: the ops from the device's *cut* on keep their timing relative to each other
-  and move together by one shift per device (devices that share a host link share one
-  shift, so their copies on the link keep their order).
+- *tail*: the ops from the device's *cut* on keep their order: on each stream, on each
+  shared host link, and across the streams of a device (the cross-stream waits of
+  :func:`pp_opt.simulator.order_of`). The first of them (up to ``elastic_until``) get
+  times of their own; the rest move rigidly, by one shift per device (devices that
+  share a host link share one shift).
 
 The cut ``tau(d)`` is the first start at or after ``b`` by which every earlier op of the
 device has ended. Then the device has executed the same ops at its cut in the new
 schedule as at ``tau(d)`` in the old one (the sub-model makes every fixed and free op of
 the device end by the shifted cut), so its memory level there is the same, and after
 it the tail's memory events repeat the old ones shifted: the tail fits the cap as
-before and needs no memory constraint of its own.
+before and needs no memory constraint of its own. The elastic part is the same argument
+as :func:`pp_opt.simulator.retime`'s: with every stream order and cross-stream wait of
+the old schedule kept, each allocation still comes after every free that came before
+it, so no memory level in the tail exceeds one of the old schedule's.
 """
 
 from __future__ import annotations
@@ -35,16 +40,19 @@ class Window:
     fixed: dict[OpKey, ScheduledOp] = field(default_factory=dict)
     free: dict[OpKey, ScheduledOp] = field(default_factory=dict)
     tail: dict[OpKey, ScheduledOp] = field(default_factory=dict)
+    elastic: set[OpKey] = field(default_factory=set)
+    """Tail ops with times of their own (the rest of the tail moves rigidly)."""
     cut: dict[int, float] = field(default_factory=dict)
     """``tau(d)`` of each device that has a tail."""
     group: dict[int, int] = field(default_factory=dict)
     """Shift group of each device: its host-link group, or a group of its own."""
 
     def part_of(self, key: OpKey) -> str:
+        """``fixed``, ``free``, ``elastic`` (tail, own time) or ``rigid`` (tail, shifted)."""
         if key in self.free:
             return "free"
         if key in self.tail:
-            return "tail"
+            return "elastic" if key in self.elastic else "rigid"
         return "fixed"
 
 
@@ -58,9 +66,13 @@ def shift_groups(schedule: Schedule) -> dict[int, int]:
     return groups
 
 
-def cut_window(schedule: Schedule, start: float, end: float) -> Window:
-    """The fixed, free and tail parts of ``schedule`` for the window ``[start, end)``."""
+def cut_window(
+    schedule: Schedule, start: float, end: float, elastic_until: float | None = None
+) -> Window:
+    """The fixed, free and tail parts of ``schedule`` for the window ``[start, end)``; tail
+    ops that start before ``elastic_until`` (``end`` when None) are elastic."""
     window = Window(start=start, end=end, group=shift_groups(schedule))
+    elastic_until = end if elastic_until is None else elastic_until
     for device, own in enumerate(schedule.by_device()):
         latest_end = float("-inf")
         cut: float | None = None
@@ -69,6 +81,8 @@ def cut_window(schedule: Schedule, start: float, end: float) -> Window:
                 cut = op.start
             if cut is not None:
                 window.tail[op.key] = op
+                if op.start < elastic_until:
+                    window.elastic.add(op.key)
             elif op.start < start:
                 window.fixed[op.key] = op
             else:
