@@ -9,6 +9,13 @@ Parts (``--parts``, comma separated):
   full-activation copy time ``3k`` for ``k`` in {0.5, 1.0}, caps ``p·M_B/2`` and
   ``p·M_B/4``, against the best no-offload makespan at ``p·M_B``.
 - ``scale``: solve time and gap for ``p`` in {4, 8, 16, 32, 64}, ``m = 4p``.
+- ``tight`` (issue 10): the memory-tight instances of ``scripts/tight_instances.py``
+  against the Zero Bubble repo's rule schedules (``scripts/anchors.json``): anchor,
+  pp_opt, bound, gap, offloads, wall seconds, and whether the solve kept its time limit
+  (``limit * 1.05 + 2 s``).
+- ``offload-target`` (issue 10): the PipeOffload instance at half of ZB-V's cap
+  (``k`` = 0.5 and 1) against the same instance without offload at ZB-V's full cap, and
+  idle fractions against PipeOffload's at the same cap.
 
 Prints a table and writes JSON (``--json``). Example::
 
@@ -24,6 +31,7 @@ import time
 from pathlib import Path
 
 from pp_opt.errors import InfeasibleError, PPOptError
+from pp_opt.ops import OpKind
 from pp_opt.orders import baseline, baseline_names
 from pp_opt.orders.common import same_placement
 from pp_opt.problem import Device, Problem, Stage, uniform_problem
@@ -159,6 +167,82 @@ def part_scale(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def _tight_module():  # noqa: ANN202 - the scripts/tight_instances.py module
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import tight_instances
+
+    return tight_instances
+
+
+def _solve_row(name: str, problem: Problem, args: argparse.Namespace) -> dict:
+    t0 = time.perf_counter()
+    result = solve(problem, solver=args.solver, time_limit=args.time_limit, threads=args.threads,
+                   seed=args.seed, offload_fractions=args.fractions)  # fmt: skip
+    wall = time.perf_counter() - t0
+    schedule = result.schedule
+    return {
+        "instance": name,
+        "status": str(result.status),
+        "makespan": schedule.metrics.makespan,
+        "objective": result.objective,
+        "lower_bound": result.lower_bound,
+        "gap": result.gap,
+        "offloads": sum(1 for op in schedule.ops if op.kind is OpKind.OFFLOAD),
+        "idle_fraction": schedule.metrics.idle_fraction,
+        "peak_memory": max(schedule.metrics.peak_memory),
+        "warm_start": result.warm_start.name if result.warm_start else None,
+        "wall": wall,
+        "within_limit": wall <= args.time_limit * 1.05 + 2.0,
+    }
+
+
+def part_tight(args: argparse.Namespace) -> list[dict]:
+    tight = _tight_module()
+    anchors = json.loads((ROOT / "scripts" / "anchors.json").read_text())["rows"]
+    print(f"{'instance':<26} {'anchor':>9} {'(offl)':>6} {'pp_opt':>9} {'(offl)':>6} "
+          f"{'vs anchor':>9} {'bound':>9} {'gap':>7} {'wall':>6} limit")  # fmt: skip
+    rows = []
+    for anchor in anchors:
+        row = _solve_row(anchor["name"], tight.INSTANCES[anchor["name"]](), args)
+        row["anchor"] = anchor["anchor_makespan"]
+        row["anchor_offloads"] = anchor["offloads"]
+        row["below_anchor"] = 1 - row["makespan"] / row["anchor"]
+        print(f"{row['instance']:<26} {row['anchor']:>9.2f} {row['anchor_offloads']:>6} "
+              f"{row['makespan']:>9.2f} {row['offloads']:>6} {-row['below_anchor']:>+9.2%} "
+              f"{row['lower_bound']:>9.2f} {row['gap']:>7.2%} {row['wall']:>6.1f} "
+              f"{'ok' if row['within_limit'] else 'OVER'}", flush=True)  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def part_offload_target(args: argparse.Namespace) -> list[dict]:
+    tight = _tight_module()
+    full_cap = 8.0  # ZB-V's cap: p whole-device activations
+    reference = _solve_row("no offload, cap 8", tight.pipeoffload_instance(1.0, full_cap).replace(
+        offload=False), args)  # fmt: skip
+    anchors = {a["name"]: a for a in json.loads((ROOT / "scripts" / "anchors.json").read_text())[
+        "rows"]}  # fmt: skip
+    print(
+        f"reference (no offload, cap {full_cap:g}): {reference['makespan']:.2f} "
+        f"idle {reference['idle_fraction']:.4f}",
+        flush=True,
+    )
+    rows = [reference]
+    for k in (0.5, 1.0):
+        row = _solve_row(f"k={k:g} cap 4", tight.pipeoffload_instance(k, full_cap / 2), args)
+        row["vs_no_offload"] = row["makespan"] / reference["makespan"] - 1
+        anchor = anchors.get("pipeoffload-k1-cap4") if k == 1.0 else None
+        if anchor is not None:
+            busy = 3 * 0.25 * 4 * 32  # F + B + W of 4 chunks, 32 microbatches, per device
+            row["pipeoffload_idle"] = 1 - busy / anchor["anchor_makespan"]
+        print(f"{row['instance']:<12} {row['makespan']:.2f} ({row['offloads']} offloads) "
+              f"{row['vs_no_offload']:+.2%} vs no offload; idle {row['idle_fraction']:.4f}"
+              + (f" vs PipeOffload {row['pipeoffload_idle']:.4f}" if "pipeoffload_idle" in row
+                 else "") + f"; wall {row['wall']:.1f}", flush=True)  # fmt: skip
+        rows.append(row)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="configs,offload,scale")
@@ -176,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     args.fractions = tuple(float(x) for x in args.fractions.split(","))
     print(" ".join(f"{h:<10}" for h in HEADER))
     rows: list[dict] = []
-    parts = {"configs": part_configs, "offload": part_offload, "scale": part_scale}
+    parts = {"configs": part_configs, "offload": part_offload, "scale": part_scale,
+             "tight": part_tight, "offload-target": part_offload_target}  # fmt: skip
     for part in args.parts.split(","):
         if part not in parts:
             print(f"unknown part {part!r}; use {', '.join(parts)}", file=sys.stderr)

@@ -1,0 +1,78 @@
+"""Memory-aware lower bounds (issue 10): closed forms, and never above a proved optimum."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from pp_opt.bounds import lower_bound, memory_area, memory_makespan
+from pp_opt.problem import Problem, uniform_problem
+from pp_opt.solvers import solve
+
+
+def _tight() -> Problem:
+    """Two devices, four microbatches, unit costs, room for one activation per device."""
+    return uniform_problem(p=2, m=4, t_f=1.0, t_b=1.0, t_w=1.0, m_b=1.0, m_w=0.0, cap=1.0)
+
+
+def test_warm_up_and_cool_down_idle_closed_form() -> None:
+    # Device 0: one activation at a time (K = 1); its backward comes A = 1 + 2 after its
+    # forward; a microbatch's other work there is w1 = 1, so it idles 2 before the first
+    # backward. Cool-down: 0 + 2 + (12 - 1 - 1 * 2) + 3 + 1 + max(1, 0) = 16.
+    assert memory_makespan(_tight()) == pytest.approx(16.0)
+
+
+def test_littles_law_closed_form() -> None:
+    # Device 0 holds each activation for at least 1 + 2 + 1: 4 microbatches need an area of
+    # 16 under a room of 1.
+    assert memory_area(_tight()) == pytest.approx(16.0)
+
+
+def test_offload_bandwidth_closed_form() -> None:
+    # Offloading an activation of stage 0 saves at most m_b * round_trip = 2 of area and
+    # takes 5 of copy time: (16 - T) / 2 offloads, so T >= 2.5 (16 - T), T >= 40 / 3.5.
+    problem = _tight().replace(
+        offload=True,
+        stages=tuple(replace(st, t_offload=5.0, t_reload=5.0) for st in _tight().stages),
+    )
+    assert memory_area(problem) == pytest.approx(40 / 3.5, rel=1e-6)
+    assert memory_makespan(problem) < 16.0  # a fully offloaded activation keeps nothing
+
+
+def test_memory_terms_raise_the_bound_only_when_the_cap_binds() -> None:
+    roomy = uniform_problem(p=4, m=8, t_comm=0.05)
+    assert memory_makespan(roomy) <= lower_bound(roomy.replace(), "makespan") + 1e-9
+    tight = _tight()
+    loose = tight.replace(devices=tuple(replace(d, cap=8.0) for d in tight.devices))
+    assert lower_bound(tight) > lower_bound(loose)
+
+
+@pytest.mark.parametrize(
+    "problem",
+    [
+        _tight(),
+        uniform_problem(p=2, m=3, t_f=1.0, t_b=2.0, t_w=1.0, m_w=0.5, cap=1.5),
+        uniform_problem(p=2, m=4, placement="v", v=2, t_w=0.5, m_w=0.25, cap=1.0),
+        uniform_problem(p=3, m=3, t_f=1.0, t_b=1.0, t_w=0.5, m_w=0.5, cap=2.0, t_comm=0.1),
+    ],
+    ids=["unit", "uneven", "v", "three"],
+)
+def test_bound_never_above_a_proved_optimum(problem: Problem) -> None:
+    result = solve(problem, time_limit=20, seed=0)
+    assert result.status == "optimal"
+    assert lower_bound(problem) <= result.objective + 1e-9
+    assert memory_makespan(problem) <= result.objective + 1e-9
+    assert memory_area(problem) <= result.objective + 1e-9
+
+
+def test_optimal_only_at_zero_gap() -> None:
+    """Costs without a short decimal form make CP-SAT solve a rounded model; its proof does
+    not carry over, so the result is optimal only if the independent bound meets it."""
+    problem = uniform_problem(p=2, m=3, t_f=1 / 3, t_b=2 / 7, t_w=1 / 9, cap=4.0)
+    result = solve(problem, time_limit=10, seed=0)
+    if result.status == "optimal":
+        assert result.gap == 0.0
+        assert result.lower_bound == pytest.approx(result.objective)
+    else:
+        assert result.gap > 0.0
