@@ -21,7 +21,9 @@ def _layers(text: str | None) -> list[int] | None:
 
 def profile(
     model: Path = typer.Option(..., "--model", help="Model card TOML (or bundled name)."),
-    hardware: Path = typer.Option(..., "--hardware", help="Hardware card TOML (or name)."),
+    hardware: Path | None = typer.Option(
+        None, "--hardware", help="Hardware card TOML (or name); 'cpu' by default with --measure."
+    ),
     pp: int = typer.Option(..., "--pp", help="Pipeline size (devices)."),
     vpp: int = typer.Option(1, "--vpp", help="Chunks per device."),
     placement: str = typer.Option("loop", "--placement", help="loop or v (v implies vpp 2)."),
@@ -36,16 +38,21 @@ def profile(
     repeats: int = typer.Option(10, "--repeats", help="Timed runs per measurement."),
     threads: int | None = typer.Option(None, "--threads", help="Torch CPU threads (measure)."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write the cost JSON."),
+    warmup: int = typer.Option(2, "--warmup", help="Untimed runs before timing (measure)."),
+    concurrent: bool = typer.Option(
+        False, "--concurrent", help="Time all devices' stages at once, as a pipeline runs."
+    ),
 ) -> None:
     """Profile per-stage costs (analytic, or measured with --measure) and print them."""
     from pp_opt.profiler import profile_costs
     from pp_opt.profiler.costs import costs_table
 
+    card = None if hardware is None else str(hardware)  # None: 'cpu' when measuring on a CPU
     data = profile_costs(
-        model=str(model), hardware=str(hardware), pp=pp, vpp=vpp, placement=placement,
+        model=str(model), hardware=card, pp=pp, vpp=vpp, placement=placement,
         microbatches=microbatches, mbs=mbs, seq=seq, tp=tp, layers=_layers(layers),
         measure=measure, recompute=recompute, bytes_per_param=bytes_per_param, repeats=repeats,
-        threads=threads,
+        threads=threads, warmup=warmup, concurrent=concurrent,
     )  # fmt: skip
     typer.echo(costs_table(data))
     if output is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pp_opt.errors import ProblemError
 from pp_opt.problem import Problem
 from pp_opt.profiler.analytic import profile_analytic
 from pp_opt.profiler.cards import (
@@ -36,7 +37,7 @@ __all__ = [
 def profile_costs(
     *,
     model: str | Path | ModelCard,
-    hardware: str | Path | HardwareCard,
+    hardware: str | Path | HardwareCard | None = None,
     pp: int,
     vpp: int = 1,
     placement: str = "loop",
@@ -51,6 +52,7 @@ def profile_costs(
     repeats: int = 10,
     warmup: int = 2,
     threads: int | None = None,
+    concurrent: bool = False,
 ) -> dict[str, Any]:
     """Profile one layout and return its cost profile JSON (a dict).
 
@@ -58,6 +60,8 @@ def profile_costs(
     ----------
     model, hardware
         Card paths, bundled card names (``"llama2-7b"``, ``"a100-80gb"``) or loaded cards.
+        ``hardware`` may be left out only to measure on a machine without CUDA: the ``cpu``
+        card then gives the cap, the links and the copy bandwidth.
     pp, vpp, placement
         Pipeline size, chunks per device and ``loop``/``v`` placement (``v`` implies vpp 2).
     microbatches, mbs, seq
@@ -67,19 +71,25 @@ def profile_costs(
     layers
         Decoder layers per stage when they do not split evenly (``pp * vpp`` entries).
     measure
-        Time and measure one layer (and the output layer) with PyTorch on CUDA if present,
-        else CPU, instead of using formulas. Static memory, caps and links stay analytic.
+        Run every stage with PyTorch on CUDA if present, else CPU, and time the actions the
+        pipeline runtime executes (F, its I/W split, the fused B, offload copies) instead of
+        using formulas. Static memory, caps and links stay analytic.
     recompute
         ``none`` or ``selective`` (attention core recomputed in B, score matrix not kept).
     bytes_per_param
         Static bytes per parameter (16: bf16 weights and grads, fp32 master and Adam moments).
     repeats, warmup
-        Timed and untimed runs per measurement (``measure`` only).
+        Timed and untimed runs per measurement (``measure`` only); each cost is the median,
+        kept with its interquartile range in ``profile.stages[s].timings``.
     threads
-        Torch CPU threads while measuring (default: torch's current setting).
+        Torch CPU threads while measuring (default: torch's current setting; with
+        ``concurrent`` on CPU, the cores divided among the devices).
+    concurrent
+        Time all devices' stages at the same time, one process per device, so the contention
+        of a running pipeline is in the numbers (``measure`` only).
     """
     card = load_model_card(model)
-    hw = load_hardware_card(hardware)
+    hw = load_hardware_card(_default_hardware(hardware, measure))
     layout = make_layout(
         card, pp=pp, vpp=vpp, placement=placement, microbatches=microbatches, mbs=mbs, seq=seq,
         tp=tp, layers=layers, recompute=recompute, bytes_per_param=bytes_per_param,
@@ -90,8 +100,9 @@ def profile_costs(
         from pp_opt.profiler.measured import measure_profile
 
         profile = measure_profile(
-            card, hw, layout, profile, repeats=repeats, warmup=warmup, threads=threads
-        )
+            card, hw, layout, profile, repeats=repeats, warmup=warmup, threads=threads,
+            concurrent=concurrent,
+        )  # fmt: skip
         kind = "measured"
     return costs_dict(kind=kind, card=card, hw=hw, layout=layout, **profile)
 
@@ -99,7 +110,7 @@ def profile_costs(
 def profile_problem(
     *,
     model: str | Path | ModelCard,
-    hardware: str | Path | HardwareCard,
+    hardware: str | Path | HardwareCard | None = None,
     pp: int,
     vpp: int = 1,
     placement: str = "loop",
@@ -118,3 +129,18 @@ def profile_problem(
         **options,
     )  # fmt: skip
     return problem_from_costs(data)
+
+
+def _default_hardware(
+    hardware: str | Path | HardwareCard | None, measure: bool
+) -> str | Path | HardwareCard:
+    if hardware is not None:
+        return hardware
+    if measure:
+        from pp_opt.profiler.measured import require_torch
+
+        if not require_torch().cuda.is_available():
+            return "cpu"
+    raise ProblemError(
+        "hardware", "no hardware card; give one (e.g. 'a100-80gb'), or 'cpu' to run on a CPU"
+    )
