@@ -89,6 +89,11 @@ def test_interleaved_rounds_report_iterations_ranks_and_op_times(decoder_runs):
     # fused backward in 1F1B (PyTorch's B), split in ZB-H1 (I and W); F everywhere
     assert {"F0", "F1", "BW0", "BW1"} <= set(compare["1f1b"]["actions"])
     assert {"F0", "F1", "B0", "W0", "B1", "W1"} <= set(compare["zb-h1-offload"]["actions"])
+    # each round's profile: every stage's ops, gathered from both ranks
+    assert len(ranks[0]["profiles"]) == 2 and ranks[0]["profiles"] == ranks[1]["profiles"]
+    assert set(ranks[0]["profiles"][0]) == {
+        f"{k}{s}" for k in ("F", "B", "W", "BW") for s in (0, 1)
+    }
     retimed = retime(schedules["1f1b"], compare["1f1b"]["actions"])
     assert retimed.problem.stages[0].t_f == compare["1f1b"]["actions"]["F0"]
     assert retimed.metrics.makespan > 0

@@ -268,9 +268,9 @@ def decoder_worker(rank: int, world: int, port: int, job_path: str, out_dir: str
             name: decoder_grad_error(schedule, card, batch, rank)
             for name, schedule in schedules.items()
         }
-        out["compare"] = compare_schedules(
+        out["compare"], out["profiles"] = compare_schedules(
             schedules, card, batch, rank=rank, device=torch.device("cpu"), rounds=2, steps=1,
-            warmup=1,
+            warmup=1, profile_repeats=2,
         )  # fmt: skip
     finally:
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))

@@ -80,6 +80,22 @@ def _one_repeat(runner: StageRunner, device: torch.device, split_first: bool) ->
 class Peers:
     """How the processes of a concurrent profile start together and stop together."""
 
+    def ready(self) -> None:
+        """Wait until every process has warmed up."""
+        raise NotImplementedError
+
+    def finished(self) -> None:
+        """Say this process has all its samples."""
+        raise NotImplementedError
+
+    def busy(self) -> bool:
+        """True while some process still takes samples."""
+        raise NotImplementedError
+
+
+class ProcessPeers(Peers):
+    """:class:`Peers` on a ``multiprocessing`` barrier and shared counter."""
+
     def __init__(self, barrier: Any, done: Any, p: int) -> None:
         self.barrier, self.done, self.p = barrier, done, p
 
@@ -95,6 +111,30 @@ class Peers:
     def busy(self) -> bool:
         """True while some process still takes samples."""
         return bool(self.done.value < self.p)
+
+
+class GroupPeers(Peers):
+    """:class:`Peers` for the ranks of the default ``torch.distributed`` group.
+
+    ``key`` names the shared counter in the group's store; use a new one for each profile.
+    """
+
+    def __init__(self, key: str) -> None:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d
+
+        self.key, self.p = key, dist.get_world_size()
+        self.store = distributed_c10d._get_default_store()
+        self._barrier = dist.barrier
+
+    def ready(self) -> None:
+        self._barrier()
+
+    def finished(self) -> None:
+        self.store.add(self.key, 1)
+
+    def busy(self) -> bool:
+        return bool(self.store.add(self.key, 0) < self.p)
 
 
 def time_stages(
@@ -167,7 +207,7 @@ def _device_for(device: torch.device, d: int) -> torch.device:
     return torch.device("cuda", d % max(1, torch.cuda.device_count()))
 
 
-def _worker(d: int, job: dict[str, Any], peers: Peers, results: Any) -> None:
+def _worker(d: int, job: dict[str, Any], peers: ProcessPeers, results: Any) -> None:
     """One device's process in concurrent mode: time its stages while the others time theirs."""
     try:
         if job["threads"] is not None:
@@ -210,7 +250,7 @@ def measure_concurrently(
         "spawn" if device.type == "cuda" or "fork" not in mp.get_all_start_methods() else "fork"
     )
     ctx: Any = mp.get_context(method)
-    peers = Peers(ctx.Barrier(p), ctx.Value("i", 0), p)
+    peers = ProcessPeers(ctx.Barrier(p), ctx.Value("i", 0), p)
     results = ctx.Queue()
     job = {"card": card, "layers": list(layers), "stages": [list(s) for s in stages_by_device],
            "mbs": mbs, "seq": seq, "device": str(device), "dtype": dtype, "repeats": repeats,

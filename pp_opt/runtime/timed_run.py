@@ -228,14 +228,19 @@ def compare_schedules(
     warmup: int,
     dtype: str = "fp32",
     seed: int = 0,
-) -> dict[str, dict[str, Any]]:
+    profile_repeats: int = 0,
+) -> tuple[dict[str, dict[str, Any]], list[dict[str, dict[str, float]]]]:
     """Time several schedules of one model in interleaved rounds (every rank calls it).
 
     Each schedule gets ``warmup`` untimed-in-summary steps first, then ``rounds`` rounds of
     ``steps`` steps, the schedules taking turns within a round (rotated each round), so slow
-    drifts of the machine's load hit them alike. Returns per schedule :func:`summarize` plus
-    ``per_round`` (the median iteration time of each round) and ``actions`` (median time of
-    each op kind and stage as the runtime ran it, :class:`ActionTimer`).
+    drifts of the machine's load hit them alike. With ``profile_repeats``, each round starts
+    with a profile of every stage (all ranks at once, :func:`round_profile`), so predictions
+    can be made with the costs of the same minutes as the measurement.
+
+    Returns per schedule :func:`summarize` plus ``per_round`` (the median iteration time of
+    each round) and ``actions`` (median time of each op kind and stage as the runtime ran it,
+    :class:`ActionTimer`); and the per-round profiles (empty without ``profile_repeats``).
     """
     pipes = {
         name: build_decoder_pipeline(
@@ -251,7 +256,13 @@ def compare_schedules(
         time_steps(pipe, modules, batch, steps=warmup, times=times[name])
         timers[name].enabled = True
     names = list(schedules)
+    first = next(iter(schedules.values()))
+    profiles = []
     for r in range(rounds):
+        if profile_repeats:
+            key = f"pp_opt.round{r}"
+            profiles.append(round_profile(first, card, rank=rank, device=device, dtype=dtype,
+                                          repeats=profile_repeats, key=key))  # fmt: skip
         for name in names[r % len(names) :] + names[: r % len(names)]:
             pipe, modules = pipes[name]
             time_steps(pipe, modules, batch, steps=steps, times=times[name])
@@ -266,4 +277,34 @@ def compare_schedules(
             statistics.median(per_step[r * steps : (r + 1) * steps]) for r in range(rounds)
         ]
         out[name] = summary
-    return out
+    return out, profiles
+
+
+def round_profile(
+    schedule: Schedule,
+    card: ModelCard,
+    *,
+    rank: int,
+    device: torch.device,
+    dtype: str,
+    repeats: int,
+    key: str,
+) -> dict[str, float]:
+    """Profile this rank's stages while every other rank profiles its own; gathered.
+
+    Returns ``"{kind}{stage}" -> median ms`` (``F``, ``B`` for I, ``W``, ``BW`` for the fused B)
+    for every stage, the keys :func:`pp_opt.runtime.plans.retime` takes.
+    """
+    from pp_opt.profiler.stage_profile import GroupPeers, measure_stages
+
+    layout = (schedule.problem.extra.get("profile") or {}).get("layout") or {}
+    meas = measure_stages(
+        card, stage_layers(schedule), schedule.problem.stages_on(rank),
+        mbs=layout.get("mbs", 1), seq=layout.get("seq", card.seq), device=device, dtype=dtype,
+        repeats=repeats, warmup=2, peers=GroupPeers(key),
+    )  # fmt: skip
+    mine = {f"{kind}{s}": m[op]["median"] for s, m in meas.items()
+            for kind, op in (("F", "f"), ("B", "i"), ("W", "w"), ("BW", "b"))}  # fmt: skip
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    return {k: v for part in gathered for k, v in part.items()}
