@@ -229,7 +229,7 @@ def compare_schedules(
     dtype: str = "fp32",
     seed: int = 0,
     profile_repeats: int = 0,
-) -> tuple[dict[str, dict[str, Any]], list[dict[str, dict[str, float]]]]:
+) -> tuple[dict[str, dict[str, Any]], list[dict[str, float]]]:
     """Time several schedules of one model in interleaved rounds (every rank calls it).
 
     Each schedule gets ``warmup`` untimed-in-summary steps first, then ``rounds`` rounds of
