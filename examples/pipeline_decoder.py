@@ -40,6 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sub = parser.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="profile the model, solve, write the schedule")
     plan.add_argument("--model", default=None, help="model card (default: a small decoder)")
+    hardware = "hardware card: cap and links (default on a CPU: cpu; give one on CUDA)"
+    plan.add_argument("--hardware", default=None, help=hardware)
     plan.add_argument("--pp", type=int, default=2, help="pipeline devices (processes)")
     plan.add_argument("-m", "--microbatches", type=int, default=8)
     plan.add_argument("--mbs", type=int, default=1, help="sequences per microbatch")
@@ -71,8 +73,9 @@ def plan(args: argparse.Namespace) -> None:
         else model_card_from_dict(SMALL_DECODER, "small-decoder")
     )
     threads = 1 if torch.cuda.is_available() else max(1, (os.cpu_count() or 1) // args.pp)
-    costs = profile_costs(model=card, pp=args.pp, microbatches=args.microbatches, mbs=args.mbs,
-                          measure=True, repeats=args.repeats, warmup=args.warmup,
+    costs = profile_costs(model=card, hardware=args.hardware, pp=args.pp,
+                          microbatches=args.microbatches, mbs=args.mbs, measure=True,
+                          repeats=args.repeats, warmup=args.warmup,
                           threads=threads, concurrent=True)  # fmt: skip
     print(costs_table(costs))
     schedule = plan_schedule(problem_from_costs(costs), args.schedule, time_limit=args.time_limit)

@@ -32,11 +32,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from pp_opt.errors import ProblemError
 from pp_opt.profiler import profile_costs
 from pp_opt.profiler.cards import model_card_from_dict
 from pp_opt.profiler.costs import costs_table, problem_from_costs
 from pp_opt.profiler.machine_load import LoadMonitor, describe
-from pp_opt.runtime.plans import plan_schedules, retime
+from pp_opt.runtime.plans import OFFLOAD_SUFFIX, plan_schedules, retime, with_offload
 from pp_opt.schedule_io import dumps_schedule, loads_schedule
 
 RANKED = ("cpsat", "1f1b", "zb-h1")
@@ -56,6 +57,7 @@ def parse_args() -> argparse.Namespace:
     add("--heads", type=int, default=4)
     add("--vocab", type=int, default=2048)
     add("--seq", type=int, default=128)
+    add("--hardware", default=None, help="hardware card (default: cpu, or by GPU name)")
     add("--schedules", default="cpsat,1f1b,zb-h1,cpsat-offload",
         help="comma-separated: cpsat, cpsat-fused, any baseline, <name>-offload")  # fmt: skip
     add("--time-limit", type=float, default=10.0, help="solver seconds per solve")
@@ -71,6 +73,15 @@ def parse_args() -> argparse.Namespace:
         help="torch threads per rank (default: CPU cores / pp on CPU)")  # fmt: skip
     add("--json", type=Path, default=None, help="write the results as JSON")
     return parser.parse_args()
+
+
+def hardware_of(args: argparse.Namespace) -> str:
+    if args.hardware:
+        return str(args.hardware)
+    if not torch.cuda.is_available():
+        return "cpu"
+    name = torch.cuda.get_device_name().lower()
+    return "h200" if "h200" in name else "h100-80gb" if "h100" in name else "a100-80gb"
 
 
 def card_of(args: argparse.Namespace) -> Any:
@@ -153,6 +164,19 @@ def ranking(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def make_schedules(problem: Any, names: list[str], time_limit: float) -> dict[str, Any]:
+    """The schedules by name; an offload one that cannot be made here is skipped, with why."""
+    plain = [n.removesuffix(OFFLOAD_SUFFIX) for n in names]
+    built = plan_schedules(problem, list(dict.fromkeys(plain)), time_limit=time_limit, threads=1)
+    out = {}
+    for name, base in zip(names, plain, strict=True):
+        try:
+            out[name] = built[base] if name == base else with_offload(built[base])
+        except ProblemError as err:
+            print(f"{name}: skipped ({err})")
+    return out
+
+
 def analyse(schedules: dict[str, Any], measured: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per schedule: predictions (profile before the runs, each round's profile, the runtime's
     own op times) against the measured iteration times."""
@@ -186,14 +210,15 @@ def main() -> None:
     card = card_of(args)
     started = time.perf_counter()
     with LoadMonitor() as profile_load:
-        costs = profile_costs(model=card, pp=args.pp, microbatches=args.microbatches,
+        costs = profile_costs(model=card, hardware=hardware_of(args), pp=args.pp,
+                              microbatches=args.microbatches,
                               mbs=args.mbs, measure=True, repeats=args.profile_repeats,
                               warmup=args.profile_warmup, threads=threads,
                               concurrent=not args.alone)  # fmt: skip
     print(costs_table(costs))
     print(f"profile: {describe(profile_load.result)}\n")
     problem = problem_from_costs(costs)
-    schedules = plan_schedules(problem, names, time_limit=args.time_limit, threads=1)
+    schedules = make_schedules(problem, names, args.time_limit)
     with LoadMonitor() as run_load:
         measured = run_schedules(args, card, schedules, threads)
     rows = analyse(schedules, measured)
