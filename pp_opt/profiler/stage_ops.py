@@ -39,7 +39,10 @@ class StageRunner:
     """Runs F, I, W and B of one stage on fresh microbatch inputs, as the runtime does.
 
     ``make_input`` returns the stage input of one microbatch: token ids on the first stage,
-    else an activation that requires grad (as the runtime's receive buffers do).
+    else an activation that requires grad (as the runtime's receive buffers do). What the
+    runtime receives rather than computes (the input before F, the output gradient before
+    I or B) is made by :meth:`receive_input` and :meth:`receive_grad`, outside the ops, so
+    timing an op times only the op; the ops call them when the caller has not.
     """
 
     module: torch.nn.Module
@@ -49,24 +52,37 @@ class StageRunner:
     loss_fn: LossFn | None = None
     target: torch.Tensor | None = None
     _state: dict[str, Any] = field(default_factory=dict)
+    _input: torch.Tensor | None = None
+
+    def receive_input(self) -> None:
+        """The next forward's input, as a receive (or the batch, on the first stage) gives it."""
+        self._input = self.make_input()
+
+    def receive_grad(self) -> None:
+        """The output gradient the next stage would send (none on the last stage: the loss)."""
+        st = self._state
+        if not self.last and st.get("grads") is None:
+            st["grads"] = [torch.randn_like(st["outputs"][0])]
 
     def forward(self) -> None:
         """``F``: the stage forward (and the loss on the last stage); keeps what B needs."""
-        inputs = [self.make_input()]
+        if self._input is None:
+            self.receive_input()
+        inputs, self._input = [self._input], None
         output = self.module(*inputs)
         loss = None
         if self.last:
             if self.loss_fn is None or self.target is None:
                 raise ValueError("the last stage needs loss_fn and target")
             loss = self.loss_fn(output, self.target)
-        grads = None if self.last else [torch.randn_like(output)]
-        self._state = {"inputs": inputs, "outputs": (output,), "loss": loss, "grads": grads}
+        self._state = {"inputs": inputs, "outputs": (output,), "loss": loss, "grads": None}
 
     def _stage_output(self) -> Any:
         return (self._state["loss"],) if self.last else self._state["outputs"]
 
     def backward_input(self) -> None:
         """``I``: ``stage_backward_input`` (nothing on the first stage, as in PyTorch)."""
+        self.receive_grad()
         st = self._state
         if self.first:
             st["param_groups"] = None
@@ -86,6 +102,7 @@ class StageRunner:
 
     def backward_full(self) -> None:
         """``B`` (fused): ``stage_backward`` of the loss or of the outputs."""
+        self.receive_grad()
         st = self._state
         output = st["loss"] if self.last else st["outputs"]
         _backward.stage_backward(output, st["grads"], st["inputs"])

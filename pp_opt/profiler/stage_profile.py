@@ -64,12 +64,16 @@ def _one_repeat(runner: StageRunner, device: torch.device, split_first: bool) ->
     out: dict[str, float] = {}
 
     def split() -> None:
+        runner.receive_input()
         out["f"] = timed(device, runner.forward)
+        runner.receive_grad()
         out["i"] = timed(device, runner.backward_input)
         out["w"] = timed(device, runner.backward_weight)
 
     def fused() -> None:
+        runner.receive_input()
         out["f2"] = timed(device, runner.forward)
+        runner.receive_grad()
         out["b"] = timed(device, runner.backward_full)
 
     for part in (split, fused) if split_first else (fused, split):
