@@ -153,10 +153,9 @@ def ranking(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         tie = abs(pred) < TIE * min(ra["predicted"], rb["predicted"])
         pair = {"pair": [a, b], "predicted_diff": pred, "measured_diff": meas, "tie": tie,
                 "holds": None if tie else (pred < 0) == (meas < 0)}  # fmt: skip
-        rounds = zip(ra["round_predicted"], rb["round_predicted"], ra["per_round"],
-                     rb["per_round"], strict=True)  # fmt: skip
         verdicts = []
-        for pa, pb, ma, mb in rounds:
+        predicted_rounds = zip(ra["round_predicted"], rb["round_predicted"], strict=True)
+        for (pa, pb), ma, mb in zip(predicted_rounds, ra["per_round"], rb["per_round"]):  # noqa: B905
             if abs(pa - pb) >= TIE * min(pa, pb):
                 verdicts.append((pa < pb) == (ma < mb))
         pair.update(rounds_checked=len(verdicts), rounds_holding=sum(verdicts))
@@ -275,7 +274,8 @@ def print_table(args, rows, pairs, costs, load, threads) -> None:
     for p in pairs:
         a, b = p["pair"]
         rounds = (f"; with each round's profile it holds in {p['rounds_holding']} of "
-                  f"{p['rounds_checked']} rounds that predict an order")  # fmt: skip
+                  f"{p['rounds_checked']} rounds that predict an order"
+                  if args.round_profile else "")  # fmt: skip
         if p["tie"]:
             print(f"ranking {a} = {b}: predicted within {TIE:.0%}, a tie (measured diff "
                   f"{p['measured_diff']:+.2f} ms){rounds}")  # fmt: skip
