@@ -204,6 +204,10 @@ def analyse(schedules: dict[str, Any], measured: dict[str, Any]) -> dict[str, di
 def main() -> None:
     args = parse_args()
     names = [n.strip() for n in args.schedules.split(",") if n.strip()]
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if 0 < gpus < args.pp:
+        raise SystemExit(f"--pp {args.pp} needs one GPU per rank (NCCL); {gpus} found. Use "
+                         f"--pp {gpus}, or run on the CPU with CUDA_VISIBLE_DEVICES=''")  # fmt: skip
     cores = os.cpu_count() or 1
     threads = args.threads or (1 if torch.cuda.is_available() else max(1, cores // args.pp))
     card = card_of(args)
