@@ -206,8 +206,8 @@ def main() -> None:
     names = [n.strip() for n in args.schedules.split(",") if n.strip()]
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if 0 < gpus < args.pp:
-        raise SystemExit(f"--pp {args.pp} needs one GPU per rank (NCCL); {gpus} found. Use "
-                         f"--pp {gpus}, or run on the CPU with CUDA_VISIBLE_DEVICES=''")  # fmt: skip
+        raise SystemExit(f"--pp {args.pp} needs one GPU per rank (NCCL); {gpus} found: use "
+                         f"--pp {gpus}, or the CPU (CUDA_VISIBLE_DEVICES='')")  # fmt: skip
     cores = os.cpu_count() or 1
     threads = args.threads or (1 if torch.cuda.is_available() else max(1, cores // args.pp))
     card = card_of(args)
