@@ -114,6 +114,8 @@ def test_concurrent_profile_runs_every_device_at_once() -> None:
     assert prof["hardware"]["name"] == "cpu"  # no card given, measured on a CPU
     for row, det in zip(data["stages"], prof["stages"], strict=True):
         assert row["t_f"] > 0 and det["timings"]["t_bw"]["repeats"] == 2
+    link = prof["measurements"]["link"]  # an activation sent between the two processes
+    assert len(link["pairs"]) == 1 and data["t_comm"] == link["t_comm"] > 0
 
 
 def test_cpu_card_and_hardware_defaults() -> None:

@@ -156,7 +156,8 @@ def costs_table(data: Mapping[str, Any]) -> str:
             "t_b/t_w are PyTorch's I/W, t_bw its fused B"
         )
     lines.append(
-        f"times in ms (E: embedding, H: output layer); t_comm {data['t_comm']:.3f} ms; "
+        f"times in ms (E: embedding, H: output layer); t_comm {data['t_comm']:.3f} ms"
+        f"{' (measured)' if (profile.get('measurements') or {}).get('link') else ''}; "
         f"static up to {static:.2f} GiB of a {cap:.2f} GiB cap; "
         f"{profile.get('kind', '?')} profile"
     )

@@ -8,10 +8,11 @@ pipeline runtime executes (stage_ops.py): ``F``; ``I`` and ``W`` through
 a fused backward and puts the whole backward of the first stage in ``W``); and the fused
 ``B`` (``t_bw``). Each cost is the median of ``repeats`` runs after ``warmup`` runs, kept with
 its interquartile range, min and max; ``concurrent=True`` times all devices' stages at once
-(stage_profile.py). Activation bytes are what the forward keeps (saved tensors and the
+(stage_profile.py), and then times an activation message between neighbouring processes
+for ``t_comm`` (link.py). Activation bytes are what the forward keeps (saved tensors and the
 stage output), ``m_w`` what PyTorch still holds after ``I``; OFFLOAD and RELOAD are timed
-with the runtime's own offloader. On CUDA, pinned copy bandwidth is measured too; static
-memory, the cap and ``t_comm`` stay those of the hardware card.
+with the runtime's own offloader. On CUDA, pinned copy bandwidth is measured too. Static
+memory, the cap (and ``t_comm`` unless measured) stay those of the hardware card.
 
 :func:`measure_layers` times one decoder layer with the Zero Bubble split instead (linear
 weight gradients deferred, torch_blocks.py): a reference for the analytic formulas, not what
@@ -307,9 +308,10 @@ def measure_profile(
         torch.set_num_threads(threads)
     try:
         shape = dict(mbs=layout.mbs, seq=layout.seq, device=device, dtype=dtype)
+        link = None
         if concurrent:
-            meas = measure_concurrently(card, layout.layers, by_device, repeats=repeats,
-                                        warmup=warmup, threads=threads, **shape)  # fmt: skip
+            meas, link = measure_concurrently(card, layout.layers, by_device, repeats=repeats,
+                                              warmup=warmup, threads=threads, **shape)  # fmt: skip
         else:
             meas = {}
             for own in by_device:
@@ -323,10 +325,13 @@ def measure_profile(
     stages = [_stage_cost(old, meas[s], layout, card, dtype)
               for s, old in enumerate(analytic["stages"])]  # fmt: skip
     env.update(threads=threads or before, concurrent=concurrent)
-    measurements = {"mode": "concurrent" if concurrent else "one stage at a time",
+    measurements: dict[str, Any] = {"mode": "concurrent" if concurrent else "one stage at a time",
                     "repeats": repeats, "warmup": warmup,
                     "stages": [meas[s] for s in range(len(stages))]}  # fmt: skip
     profile = dict(analytic, stages=stages, environment=env, measurements=measurements)
+    if link is not None:
+        measurements["link"] = link
+        profile["t_comm"] = link["t_comm"]
     if device.type == "cuda":
         profile.update(copy_bandwidth(device))
     log.info("measured %s on %s (%s)", card.name, env["device_name"], measurements["mode"])

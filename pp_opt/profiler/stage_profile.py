@@ -224,11 +224,28 @@ def _worker(d: int, job: dict[str, Any], peers: ProcessPeers, results: Any) -> N
             device=device, dtype=job["dtype"], repeats=job["repeats"], warmup=job["warmup"],
             seed=job["seed"], peers=peers,
         )  # fmt: skip
-        results.put((d, out, None))
+        link = _link(d, job, device) if job["link_port"] else None
+        results.put((d, out, link, None))
     except BaseException as err:  # noqa: BLE001 - sent to the parent, which raises it
         peers.barrier.abort()
         peers.finished()
-        results.put((d, None, f"{type(err).__name__}: {err}"))
+        results.put((d, None, None, f"{type(err).__name__}: {err}"))
+
+
+def _link(d: int, job: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """``t_comm`` as the runtime's sends see it, between this device and its neighbours."""
+    import torch.distributed as dist
+
+    from pp_opt.profiler.link import neighbour_latency
+
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{job['link_port']}",
+                            rank=d, world_size=len(job["stages"]))  # fmt: skip
+    try:
+        shape = (job["mbs"], job["seq"], job["card"].hidden)
+        return neighbour_latency(shape, TORCH_DTYPES[job["dtype"]], device)
+    finally:
+        dist.destroy_process_group()
 
 
 def measure_concurrently(
@@ -244,10 +261,13 @@ def measure_concurrently(
     warmup: int,
     threads: int | None,
     seed: int = 0,
-) -> dict[int, dict[str, Any]]:
+) -> tuple[dict[int, dict[str, Any]], dict[str, Any] | None]:
     """Time every device's stages in its own process, all processes at the same time.
 
-    Processes are forked on CPU (they inherit the imported torch) and spawned on CUDA.
+    Processes are forked on CPU (they inherit the imported torch) and spawned on CUDA. Then
+    the processes form a process group (gloo on CPU, NCCL when each has its own GPU) and
+    time one activation message between neighbours (:mod:`pp_opt.profiler.link`). Returns
+    the stage measurements and the link measurement (None when it cannot be made here).
     """
     p = len(stages_by_device)
     method = (
@@ -258,19 +278,22 @@ def measure_concurrently(
     results = ctx.Queue()
     job = {"card": card, "layers": list(layers), "stages": [list(s) for s in stages_by_device],
            "mbs": mbs, "seq": seq, "device": str(device), "dtype": dtype, "repeats": repeats,
-           "warmup": warmup, "threads": threads, "seed": seed}  # fmt: skip
+           "warmup": warmup, "threads": threads, "seed": seed,
+           "link_port": _link_port(device, p)}  # fmt: skip
     procs = [ctx.Process(target=_worker, args=(d, job, peers, results)) for d in range(p)]
     for proc in procs:
         proc.start()
     out: dict[int, dict[str, Any]] = {}
+    link = None
     errors = []
     try:
         for _ in range(p):
-            d, got, error = results.get(timeout=WORKER_TIMEOUT_S)
+            d, got, link_got, error = results.get(timeout=WORKER_TIMEOUT_S)
             if error is not None:
                 errors.append(f"device {d}: {error}")
             else:
                 out.update(got)
+                link = link_got if d == 0 else link
     finally:
         for proc in procs:
             proc.join(timeout=60)
@@ -279,4 +302,15 @@ def measure_concurrently(
     if errors:
         raise RuntimeError("concurrent profile failed: " + "; ".join(errors))
     log.info("timed %d stages on %d concurrent processes (%s)", len(out), p, method)
-    return out
+    return out, link
+
+
+def _link_port(device: torch.device, p: int) -> int | None:
+    """A free local port for the link measurement, or None where it cannot run."""
+    import socket
+
+    if p < 2 or (device.type == "cuda" and torch.cuda.device_count() < p):
+        return None  # NCCL needs one GPU per process
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
