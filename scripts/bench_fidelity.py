@@ -10,8 +10,13 @@ steps, warm-up steps excluded), their ratio, and whether the predicted ranking o
 solver against 1F1B and ZB-H1 holds in the medians and in how many rounds. The machine
 load during the run is printed with the table; numbers from a busy machine say little.
 
-    .venv/bin/python scripts/bench_fidelity.py                 # p=2, ~2 minutes on 2 cores
-    .venv/bin/python scripts/bench_fidelity.py --pp 4 --json fidelity.json
+    .venv/bin/python scripts/bench_fidelity.py                 # p=2, m=8: ~1 minute on 2 cores
+    .venv/bin/python scripts/bench_fidelity.py -m 2 --json fidelity.json
+
+On 2 CPU cores with p=2 and m=8 the three ranked schedules are predicted within ~2% of each
+other (PyTorch's I + W costs more than its fused B, so the split buys little), which the
+run's noise can hide; with m=2 the bubbles weigh more and ZB-H1 (and the solver) are
+predicted ~10% faster than 1F1B, a ranking the measurement can confirm or refute.
 """
 
 from __future__ import annotations
@@ -176,6 +181,18 @@ def make_schedules(problem: Any, names: list[str], time_limit: float) -> dict[st
     return out
 
 
+def made_by(schedule: Any) -> str:
+    """Which solver or baseline made a schedule; for a solver, whether its warm start won."""
+    info = schedule.solver
+    if info is None:
+        return "?"
+    text = f"{info.name} ({info.status})"
+    warm = info.extra.get("warm_start")
+    if warm and info.extra.get("warm_start_objective") == info.objective:
+        text += f", the warm start {warm!r} (nothing better found)"
+    return text
+
+
 def analyse(schedules: dict[str, Any], measured: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per schedule: predictions (profile before the runs, each round's profile, the runtime's
     own op times) against the measured iteration times."""
@@ -196,6 +213,7 @@ def analyse(schedules: dict[str, Any], measured: dict[str, Any]) -> dict[str, di
             "retimed": retime(schedule, got["actions"]).metrics.makespan,
             "actions": got["actions"],
             "offloads": sum(1 for op in schedule.ops if op.kind == "OFFLOAD"),
+            "made_by": made_by(schedule),
             "ranks": got["ranks"], "per_step": got["per_step"], "losses": got["losses"],
         }  # fmt: skip
     return rows
@@ -268,6 +286,8 @@ def print_table(args, rows, pairs, costs, load, threads) -> None:
           "slowest rank's pipe.step, optimizer excluded;\nper-round: median over rounds of "
           "predicted/measured with each round's own profile; retimed: the schedule's order timed "
           "with the op durations the runtime took, over measured")  # fmt: skip
+    for name, r in rows.items():
+        print(f"  {name}: {r['made_by']}")
     print_actions(rows, costs)
     worst = max(abs(r["ratio"] - 1.0) for r in rows.values())
     print(f"largest |pred/meas - 1|: {worst:.1%} (target 10%)", end="")
