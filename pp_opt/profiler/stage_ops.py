@@ -25,7 +25,7 @@ import statistics
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -53,6 +53,10 @@ class StageRunner:
     target: torch.Tensor | None = None
     _state: dict[str, Any] = field(default_factory=dict)
     _input: torch.Tensor | None = None
+
+    def twin(self) -> StageRunner:
+        """A runner of the same stage module for another microbatch in flight."""
+        return replace(self, _state={}, _input=None)
 
     def receive_input(self) -> None:
         """The next forward's input, as a receive (or the batch, on the first stage) gives it."""

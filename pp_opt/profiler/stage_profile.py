@@ -1,8 +1,9 @@
 """Time every pipeline stage's F, I, W and B as the runtime runs them, alone or all at once.
 
-Per stage, each repeat runs a forward, the split backward (I then W) on it, a second forward
-and the fused backward (B) on that one; even repeats start with the split, odd ones with the
-fused backward, so neither always runs on a warmer cache. Stages of one device are
+Per stage, each repeat keeps two microbatches in flight, as a pipeline does: the forwards of
+both, then the split backward's ``I`` of one and the fused ``B`` of the other, and last the
+deferred ``W`` of the first; even repeats start with the split microbatch, odd ones with the
+fused one, so neither always runs on a warmer cache. Stages of one device are
 interleaved repeat by repeat, as a pipeline interleaves them. Each op's samples give median,
 interquartile range, min and max (:func:`timing_stats`); the costs use the median.
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -61,23 +62,28 @@ def stage_runner(
 
 
 def _one_repeat(runner: StageRunner, device: torch.device, split_first: bool) -> dict[str, float]:
+    """Two microbatches in flight, as in a pipeline: both forwards, then ``I`` of one and the
+    fused ``B`` of the other, then the deferred ``W`` of the first (its saved tensors no longer
+    fresh in cache, as when a schedule runs ``W`` late)."""
+    split, fused = runner, runner.twin()
     out: dict[str, float] = {}
 
-    def split() -> None:
-        runner.receive_input()
-        out["f"] = timed(device, runner.forward)
-        runner.receive_grad()
-        out["i"] = timed(device, runner.backward_input)
-        out["w"] = timed(device, runner.backward_weight)
+    def forward(r: StageRunner, key: str) -> None:
+        r.receive_input()
+        out[key] = timed(device, r.forward)
 
-    def fused() -> None:
-        runner.receive_input()
-        out["f2"] = timed(device, runner.forward)
-        runner.receive_grad()
-        out["b"] = timed(device, runner.backward_full)
+    def backward(r: StageRunner, key: str, fn: Callable[[], None]) -> None:
+        r.receive_grad()
+        out[key] = timed(device, fn)
 
-    for part in (split, fused) if split_first else (fused, split):
-        part()
+    forwards = [(split, "f"), (fused, "f2")]
+    backwards = [(split, "i", split.backward_input), (fused, "b", fused.backward_full)]
+    order = (0, 1) if split_first else (1, 0)
+    for i in order:
+        forward(*forwards[i])
+    for i in order:
+        backward(*backwards[i])
+    out["w"] = timed(device, split.backward_weight)
     return out
 
 
