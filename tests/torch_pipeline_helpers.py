@@ -238,3 +238,70 @@ def _event_dict(event) -> dict:
         "freed": event.freed,
         "locations": list(event.locations),
     }
+
+
+# ---------------------------------------------------------------- decoder pipelines (fidelity)
+
+
+def decoder_worker(rank: int, world: int, port: int, job_path: str, out_dir: str) -> None:
+    """One rank of the decoder tests: gradients against the unpipelined decoder, then a
+    timed interleaved comparison of the schedules; writes ``rank{r}.json``."""
+    import torch
+    import torch.distributed as dist
+
+    from pp_opt.profiler.cards import model_card_from_dict
+    from pp_opt.profiler.torch_model import make_batch
+    from pp_opt.runtime.timed_run import compare_schedules
+    from pp_opt.schedule_io import loads_schedule
+
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    job = json.loads(Path(job_path).read_text())
+    out: dict = {}
+    try:
+        card = model_card_from_dict(job["card"], "tiny")
+        schedules = {name: loads_schedule(text) for name, text in job["schedules"].items()}
+        problem = next(iter(schedules.values())).problem
+        batch = make_batch(card, rows=problem.m, seq=card.seq)
+        out["grad_err"] = {
+            name: decoder_grad_error(schedule, card, batch, rank)
+            for name, schedule in schedules.items()
+        }
+        out["compare"], out["profiles"] = compare_schedules(
+            schedules, card, batch, rank=rank, device=torch.device("cpu"), rounds=2, steps=1,
+            warmup=1, profile_repeats=2,
+        )  # fmt: skip
+    finally:
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
+        dist.destroy_process_group()
+
+
+def decoder_grad_error(schedule: Schedule, card, batch, rank: int) -> float:
+    """Largest relative gradient difference of this rank's stages against the same decoder
+    run without pipelining (mean loss over the microbatches)."""
+    import torch
+
+    from pp_opt.profiler.torch_model import lm_loss, make_stage
+    from pp_opt.runtime.timed_run import build_decoder_pipeline, stage_layers
+
+    problem = schedule.problem
+    layers = stage_layers(schedule)
+    full = [make_stage(card, layers, s) for s in range(problem.num_stages)]
+    ids, targets = batch
+    total = 0.0
+    for x, y in zip(ids.chunk(problem.m), targets.chunk(problem.m), strict=True):
+        h = x
+        for module in full:
+            h = module(h)
+        total = total + lm_loss(h, y)
+    (total / problem.m).backward()
+    pipe, modules = build_decoder_pipeline(schedule, card, rank=rank, device=torch.device("cpu"))
+    pipe.step(ids, target=targets, return_outputs=False)
+    err = 0.0
+    for s, module in zip(problem.stages_on(rank), modules, strict=True):
+        for mine, ref in zip(module.parameters(), full[s].parameters(), strict=True):
+            scale = float(ref.grad.abs().max()) or 1.0
+            err = max(err, float((mine.grad - ref.grad).abs().max()) / scale)
+    return err

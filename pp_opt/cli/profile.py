@@ -13,7 +13,9 @@ from pp_opt.cli.common import LayersOption, VppAlias, chunks_per_device, layers_
 
 def profile(
     model: Path = typer.Option(..., "--model", help="Model card TOML (or bundled name)."),
-    hardware: Path = typer.Option(..., "--hardware", help="Hardware card TOML (or name)."),
+    hardware: Path | None = typer.Option(
+        None, "--hardware", help="Hardware card TOML (or name); 'cpu' by default with --measure."
+    ),
     pp: int = typer.Option(..., "--pp", help="Pipeline size (devices)."),
     v: int | None = typer.Option(None, "--v", help="Chunks per device (default 1; v placement 2)."),
     vpp: int | None = VppAlias,
@@ -29,17 +31,22 @@ def profile(
     repeats: int = typer.Option(10, "--repeats", help="Timed runs per measurement."),
     threads: int | None = typer.Option(None, "--threads", help="Torch CPU threads (measure)."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write the cost JSON."),
+    warmup: int = typer.Option(2, "--warmup", help="Untimed runs before timing (measure)."),
+    concurrent: bool = typer.Option(
+        False, "--concurrent", help="Time all devices' stages at once, as a pipeline runs."
+    ),
 ) -> None:
     """Profile per-stage costs (analytic, or measured with --measure) and print them."""
     from pp_opt.profiler import profile_costs
     from pp_opt.profiler.costs import costs_table
 
     chunks = chunks_per_device(v, vpp=vpp) or 1
+    card = None if hardware is None else str(hardware)  # None: 'cpu' when measuring on a CPU
     data = profile_costs(
-        model=str(model), hardware=str(hardware), pp=pp, v=chunks, placement=placement,
+        model=str(model), hardware=card, pp=pp, v=chunks, placement=placement,
         microbatches=microbatches, mbs=mbs, seq=seq, tp=tp, layers=layers_per_stage(layers),
         measure=measure, recompute=recompute, bytes_per_param=bytes_per_param, repeats=repeats,
-        threads=threads,
+        threads=threads, warmup=warmup, concurrent=concurrent,
     )  # fmt: skip
     typer.echo(costs_table(data))
     if output is not None:

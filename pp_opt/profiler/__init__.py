@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pp_opt.compat import renamed
+from pp_opt.errors import ProblemError
 from pp_opt.problem import Problem
 from pp_opt.problem_io import problem_from_costs
 from pp_opt.profiler.analytic import profile_analytic
@@ -38,7 +39,7 @@ __all__ = [
 def profile_costs(
     *,
     model: str | Path | ModelCard,
-    hardware: str | Path | HardwareCard,
+    hardware: str | Path | HardwareCard | None = None,
     pp: int,
     v: int = 1,
     placement: str = "loop",
@@ -54,6 +55,7 @@ def profile_costs(
     warmup: int = 2,
     threads: int | None = None,
     vpp: int | None = None,
+    concurrent: bool = False,
 ) -> dict[str, Any]:
     """Profile one layout and return its cost profile JSON (a dict).
 
@@ -61,6 +63,8 @@ def profile_costs(
     ----------
     model, hardware
         Card paths, bundled card names (``"llama2-7b"``, ``"a100-80gb"``) or loaded cards.
+        ``hardware`` may be left out only to measure on a machine without CUDA: the ``cpu``
+        card then gives the cap, the links and the copy bandwidth.
     pp, v, placement
         Pipeline size, chunks per device and ``loop``/``v`` placement (the ``v`` placement
         implies ``v = 2``).
@@ -71,22 +75,28 @@ def profile_costs(
     layers
         Decoder layers per stage when they do not split evenly (``pp * v`` entries).
     measure
-        Time and measure one layer (and the output layer) with PyTorch on CUDA if present,
-        else CPU, instead of using formulas. Static memory, caps and links stay analytic.
+        Run every stage with PyTorch on CUDA if present, else CPU, and time the actions the
+        pipeline runtime executes (F, its I/W split, the fused B, offload copies) instead of
+        using formulas. Static memory, caps and links stay analytic.
     recompute
         ``none`` or ``selective`` (attention core recomputed in B, score matrix not kept).
     bytes_per_param
         Static bytes per parameter (16: bf16 weights and grads, fp32 master and Adam moments).
     repeats, warmup
-        Timed and untimed runs per measurement (``measure`` only).
+        Timed and untimed runs per measurement (``measure`` only); each cost is the median,
+        kept with its interquartile range in ``profile.stages[s].timings``.
     threads
-        Torch CPU threads while measuring (default: torch's current setting).
+        Torch CPU threads while measuring (default: torch's current setting; with
+        ``concurrent`` on CPU, the cores divided among the devices).
+    concurrent
+        Time all devices' stages at the same time, one process per device, so the contention
+        of a running pipeline is in the numbers (``measure`` only).
     vpp
         Former name of ``v`` (deprecated).
     """
     v = renamed("vpp", vpp, "v", v)
     card = load_model_card(model)
-    hw = load_hardware_card(hardware)
+    hw = load_hardware_card(_default_hardware(hardware, measure))
     layout = make_layout(
         card, pp=pp, v=v, placement=placement, microbatches=microbatches, mbs=mbs, seq=seq,
         tp=tp, layers=layers, recompute=recompute, bytes_per_param=bytes_per_param,
@@ -97,8 +107,9 @@ def profile_costs(
         from pp_opt.profiler.measured import measure_profile
 
         profile = measure_profile(
-            card, hw, layout, profile, repeats=repeats, warmup=warmup, threads=threads
-        )
+            card, hw, layout, profile, repeats=repeats, warmup=warmup, threads=threads,
+            concurrent=concurrent,
+        )  # fmt: skip
         kind = "measured"
     return costs_dict(kind=kind, card=card, hw=hw, layout=layout, **profile)
 
@@ -106,7 +117,7 @@ def profile_costs(
 def profile_problem(
     *,
     model: str | Path | ModelCard,
-    hardware: str | Path | HardwareCard,
+    hardware: str | Path | HardwareCard | None = None,
     pp: int,
     v: int = 1,
     placement: str = "loop",
@@ -142,3 +153,18 @@ def profile_problem(
         **options,
     )  # fmt: skip
     return problem_from_costs(data)
+
+
+def _default_hardware(
+    hardware: str | Path | HardwareCard | None, measure: bool
+) -> str | Path | HardwareCard:
+    if hardware is not None:
+        return hardware
+    if measure:
+        from pp_opt.profiler.measured import require_torch
+
+        if not require_torch().cuda.is_available():
+            return "cpu"
+    raise ProblemError(
+        "hardware", "no hardware card; give one (e.g. 'a100-80gb'), or 'cpu' to run on a CPU"
+    )

@@ -57,6 +57,14 @@ class StageCost:
     """Parameters on this GPU (already divided by the tensor-parallel degree)."""
     embedding: bool = False
     head: bool = False
+    t_bw: float | None = None
+    """Fused backward when it is not ``t_b + t_w`` (measured profiles)."""
+    t_offload: float | None = None
+    """Measured OFFLOAD time; None: from ``m_b`` and the copy bandwidth."""
+    t_reload: float | None = None
+    """Measured RELOAD time; None: from ``m_b`` and the copy bandwidth."""
+    timings: dict[str, Any] | None = None
+    """Measured spread per cost (median, iqr, min, max, repeats), keyed like the costs."""
 
 
 def layer_shape(card: ModelCard, layout: Layout, **over: object) -> LayerShape:

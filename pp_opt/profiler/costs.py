@@ -37,26 +37,33 @@ def costs_dict(
     measurements: dict[str, Any] | None = None,
     **_: Any,
 ) -> dict[str, Any]:
-    """Assemble the cost profile JSON from stage costs (``t_offload``/``t_reload`` from bytes)."""
+    """Assemble the cost profile JSON from stage costs.
+
+    ``t_offload``/``t_reload`` are the measured ones where a stage has them, else ``m_b`` over
+    the copy bandwidth; ``t_bw`` is written only when measured (else it is ``t_b + t_w``).
+    """
     rows = []
     for st in stages:
-        rows.append(
-            {
-                "device": st.device,
-                "t_f": st.t_f,
-                "t_b": st.t_b,
-                "t_w": st.t_w,
-                "m_b": st.m_b,
-                "m_w": st.m_w,
-                "m_in": st.m_in,
-                "t_offload": 1e3 * st.m_b / (d2h_gbs * 1e9),
-                "t_reload": 1e3 * st.m_b / (h2d_gbs * 1e9),
-            }
+        row = {"device": st.device, "t_f": st.t_f, "t_b": st.t_b, "t_w": st.t_w}
+        if st.t_bw is not None:
+            row["t_bw"] = st.t_bw
+        row.update(m_b=st.m_b, m_w=st.m_w, m_in=st.m_in)
+        row["t_offload"] = (
+            st.t_offload if st.t_offload is not None else 1e3 * st.m_b / (d2h_gbs * 1e9)
         )
-    details = [
-        {"layers": st.layers, "embedding": st.embedding, "head": st.head, "params": st.params}
-        for st in stages
-    ]
+        row["t_reload"] = st.t_reload if st.t_reload is not None else 1e3 * st.m_b / (h2d_gbs * 1e9)
+        rows.append(row)
+    details = []
+    for st in stages:
+        det: dict[str, Any] = {
+            "layers": st.layers,
+            "embedding": st.embedding,
+            "head": st.head,
+            "params": st.params,
+        }
+        if st.timings is not None:
+            det["timings"] = st.timings
+        details.append(det)
     name = (
         f"{card.name} on {hw.name}: pp={layout.pp} v={layout.v} {layout.placement} "
         f"mbs={layout.mbs} seq={layout.seq} tp={layout.tp} ({kind})"
@@ -93,22 +100,40 @@ def costs_table(data: Mapping[str, Any]) -> str:
     """A plain-text table of a cost profile: one row per stage (ms, GiB), then the links."""
     profile = data.get("profile", {})
     details = profile.get("stages") or [{} for _ in data["stages"]]
+    spread = any("timings" in det for det in details)
+    times = ("t_f", "t_b", "t_w", "t_bw")
+    width = 15 if spread else 8
     head = (
-        f"{'stage':>5} {'dev':>3} {'layers':>6} {'t_f':>8} {'t_b':>8} {'t_w':>8} "
-        f"{'m_b GiB':>8} {'m_w GiB':>8} {'t_offl':>8}"
+        f"{'stage':>5} {'dev':>3} {'layers':>6} "
+        + " ".join(f"{k:>{width}}" for k in times)
+        + f" {'m_b GiB':>8} {'m_w GiB':>8} {'t_offl':>8}"
     )
     lines = [data.get("name", ""), head]
     for s, (row, det) in enumerate(zip(data["stages"], details, strict=True)):
         marks = ("E" if det.get("embedding") else "") + ("H" if det.get("head") else "")
+        cells = []
+        for key in times:
+            value = row.get(key, row["t_b"] + row["t_w"] if key == "t_bw" else 0.0)
+            iqr = det.get("timings", {}).get(key, {}).get("iqr")
+            cells.append(f"{value:8.3f}" + (f" ±{iqr:5.2f}" if iqr is not None else "")
+                         if spread else f"{value:8.3f}")  # fmt: skip
         lines.append(
             f"{s:>5} {row['device']:>3} {str(det.get('layers', '')) + marks:>6} "
-            f"{row['t_f']:8.3f} {row['t_b']:8.3f} {row['t_w']:8.3f} "
-            f"{row['m_b'] / 2**30:8.3f} {row['m_w'] / 2**30:8.3f} {row['t_offload']:8.3f}"
+            + " ".join(f"{c:>{width}}" for c in cells)
+            + f" {row['m_b'] / 2**30:8.3f} {row['m_w'] / 2**30:8.3f} {row['t_offload']:8.3f}"
         )
     static = max(d["static"] for d in data["devices"]) / 2**30
     cap = data["devices"][0]["cap"] / 2**30
+    if spread:
+        meas = profile.get("measurements") or {}
+        lines.append(
+            f"median ± interquartile range of {meas.get('repeats', '?')} runs after "
+            f"{meas.get('warmup', '?')} warm-up runs, stages timed {meas.get('mode', '?')}; "
+            "t_b/t_w are PyTorch's I/W, t_bw its fused B"
+        )
     lines.append(
-        f"times in ms (E: embedding, H: output layer); t_comm {data['t_comm']:.3f} ms; "
+        f"times in ms (E: embedding, H: output layer); t_comm {data['t_comm']:.3f} ms"
+        f"{' (measured)' if (profile.get('measurements') or {}).get('link') else ''}; "
         f"static up to {static:.2f} GiB of a {cap:.2f} GiB cap; "
         f"{profile.get('kind', '?')} profile"
     )

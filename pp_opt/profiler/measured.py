@@ -1,17 +1,22 @@
-"""Measured stage costs: time and weigh one decoder layer (and the output head) with PyTorch.
+"""Measured stage costs: run each pipeline stage's ops with PyTorch and time them.
 
-Per microbatch, on CUDA when present, else CPU: forward time; B, the gradient w.r.t. the
-layer input (and the norm weights; linear weight gradients deferred, see torch_blocks.py);
-W, the deferred linear weight and bias gradients; and, as a check, an ordinary full
-backward. Activation bytes are what autograd keeps from F to B (saved-tensor hooks,
-distinct storages, parameters excluded); ``m_w`` is what the deferred store holds from B to
-W. Each time is the median of ``repeats`` runs after ``warmup`` runs, reported with its min,
-max and interquartile range. On CUDA, peak memory of a forward and pinned device-to-host /
-host-to-device bandwidth are measured too; on CPU the copy bandwidths stay those of the
-hardware card.
+:func:`measure_profile` (what ``profile_costs(measure=True)`` uses) builds every stage
+whole, as the runtime trains it (torch_model.py: embedding on the first stage, output layer
+on the last, the loss in the last stage's forward), and times the actions PyTorch's
+pipeline runtime executes (stage_ops.py): ``F``; ``I`` and ``W`` through
+``torch.distributed.pipelining._backward`` (the runtime's own split, which costs more than
+a fused backward and puts the whole backward of the first stage in ``W``); and the fused
+``B`` (``t_bw``). Each cost is the median of ``repeats`` runs after ``warmup`` runs, kept with
+its interquartile range, min and max; ``concurrent=True`` times all devices' stages at once
+(stage_profile.py), and then times an activation message between neighbouring processes
+for ``t_comm`` (link.py). Activation bytes are what the forward keeps (saved tensors and the
+stage output), ``m_w`` what PyTorch still holds after ``I``; OFFLOAD and RELOAD are timed
+with the runtime's own offloader. On CUDA, pinned copy bandwidth is measured too. Static
+memory, the cap (and ``t_comm`` unless measured) stay those of the hardware card.
 
-A stage's costs are its layer count times the layer's, plus the head on the last stage and
-the (analytic, tiny) embedding on the first; static memory, caps and links stay analytic.
+:func:`measure_layers` times one decoder layer with the Zero Bubble split instead (linear
+weight gradients deferred, torch_blocks.py): a reference for the analytic formulas, not what
+PyTorch's runtime runs.
 """
 
 from __future__ import annotations
@@ -22,13 +27,13 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from pp_opt.errors import ProblemError
-from pp_opt.profiler.analytic import StageCost, embedding_costs
+from pp_opt.profiler.analytic import StageCost
 from pp_opt.profiler.cards import DTYPE_BYTES, HardwareCard, ModelCard
 from pp_opt.profiler.layout import Layout
+from pp_opt.profiler.timing_stats import timing_stats
 
 try:
     import torch
@@ -53,14 +58,6 @@ def require_torch() -> Any:
 def _sync(device: Any) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def timing_stats(samples: list[float]) -> dict[str, float]:
-    """Median, min, max and interquartile range of timings (ms)."""
-    ordered = sorted(samples)
-    q = statistics.quantiles(ordered, n=4) if len(ordered) > 1 else [ordered[0]] * 3
-    return {"median": statistics.median(ordered), "min": ordered[0], "max": ordered[-1],
-            "iqr": q[2] - q[0], "repeats": len(ordered)}  # fmt: skip
 
 
 def _timed(device: Any, setup: Callable[[], Any], run: Callable[[Any], Any]) -> float:
@@ -230,10 +227,10 @@ def measure_layers(
         finally:
             torch.set_num_threads(before)
     from pp_opt.profiler.torch_blocks import DecoderBlock, OutputHead
+    from pp_opt.profiler.torch_model import TORCH_DTYPES
 
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = dtype or (card.dtype if device.type == "cuda" else "fp32")
-    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    device, dtype = _device_and_dtype(card, device, dtype)
+    torch_dtype = TORCH_DTYPES[dtype]
     torch.manual_seed(seed)
     shape = (mbs, seq, card.hidden)
 
@@ -255,6 +252,11 @@ def measure_layers(
     return out
 
 
+def _device_and_dtype(card: ModelCard, device: Any, dtype: str | None) -> tuple[Any, str]:
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    return device, dtype or (card.dtype if device.type == "cuda" else "fp32")
+
+
 def measure_profile(
     card: ModelCard,
     hw: HardwareCard,
@@ -266,8 +268,15 @@ def measure_profile(
     device: Any = None,
     dtype: str | None = None,
     threads: int | None = None,
+    concurrent: bool = False,
 ) -> dict[str, Any]:
-    """The analytic profile with stage times and activation bytes replaced by measured ones."""
+    """The analytic profile with every stage's times, bytes and copy times measured.
+
+    Each stage is built whole (embedding on the first, output layer on the last) and its F,
+    I, W and B are run as PyTorch's pipeline runtime runs them (stage_ops.py), alone or with
+    all devices at once (``concurrent``, stage_profile.py). Static memory, the cap and the
+    links stay those of the hardware card.
+    """
     require_torch()
     if layout.tp != 1:
         raise ProblemError("tp", "measured profiles time a whole layer on one GPU; use tp = 1")
@@ -275,30 +284,67 @@ def measure_profile(
         raise ProblemError(
             "recompute", "measured profiles do not recompute; use recompute = 'none'"
         )
-    meas = measure_layers(card, seq=layout.seq, mbs=layout.mbs, device=device, dtype=dtype,
-                          repeats=repeats, warmup=warmup, threads=threads)  # fmt: skip
-    used = replace(card, dtype=meas["dtype"])
-    emb = embedding_costs(used, layout, hw)
-    stages: list[StageCost] = []
-    for old in analytic["stages"]:
-        st = StageCost(device=old.device, layers=old.layers, params=old.params,
-                       embedding=old.embedding, head=old.head)  # fmt: skip
-        parts = [(old.layers, meas["layer"])] + ([(1, meas["head"])] if old.head else [])
-        for count, m in parts:
-            st.t_f += count * m["f"]["median"]
-            st.t_b += count * m["b"]["median"]
-            st.t_w += count * m["w"]["median"]
-            st.m_b += count * m["m_b"]
-            st.m_w += count * m["m_w"]
-        if old.embedding:
-            for key in ("t_f", "t_w", "m_b"):
-                setattr(st, key, getattr(st, key) + emb[key])
-        st.m_in = min(DTYPE_BYTES[meas["dtype"]] * layout.seq * layout.mbs * card.hidden, st.m_b)
-        if old.embedding:
-            st.m_in = min(8.0 * layout.seq * layout.mbs, st.m_b)
-        stages.append(st)
-    profile = dict(analytic, stages=stages, environment=meas["environment"], measurements=meas)
-    if meas["copy"]:
-        profile.update(meas["copy"])
-    log.info("measured %s on %s", card.name, meas["environment"]["device_name"])
+    for name, value, least in (("repeats", repeats, 1), ("warmup", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ProblemError(name, f"got {value!r}; expected an integer >= {least}")
+    from pp_opt.profiler.stage_ops import copy_times
+    from pp_opt.profiler.stage_profile import measure_concurrently, measure_stages, stage_runner
+    from pp_opt.profiler.torch_model import TORCH_DTYPES
+
+    device, dtype = _device_and_dtype(card, device, dtype)
+    devices = layout.stage_devices
+    by_device = [[s for s, d in enumerate(devices) if d == dev] for dev in range(max(devices) + 1)]
+    if concurrent and threads is None and device.type == "cpu":
+        threads = max(1, (os.cpu_count() or 1) // len(by_device))
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        shape = dict(mbs=layout.mbs, seq=layout.seq, device=device, dtype=dtype)
+        link = None
+        if concurrent:
+            meas, link = measure_concurrently(card, layout.layers, by_device, repeats=repeats,
+                                              warmup=warmup, threads=threads, **shape)  # fmt: skip
+        else:
+            meas = {}
+            for own in by_device:
+                meas.update(measure_stages(card, layout.layers, own, repeats=repeats,
+                                           warmup=warmup, **shape))  # fmt: skip
+        for s in meas:
+            meas[s]["copy"] = copy_times(stage_runner(card, layout.layers, s, **shape), device)
+        env = environment(device, TORCH_DTYPES[dtype])
+    finally:
+        torch.set_num_threads(before)
+    stages = [_stage_cost(old, meas[s], layout, card, dtype)
+              for s, old in enumerate(analytic["stages"])]  # fmt: skip
+    env.update(threads=threads or before, concurrent=concurrent)
+    measurements: dict[str, Any] = {"mode": "concurrent" if concurrent else "one stage at a time",
+                    "repeats": repeats, "warmup": warmup,
+                    "stages": [meas[s] for s in range(len(stages))]}  # fmt: skip
+    profile = dict(analytic, stages=stages, environment=env, measurements=measurements)
+    if link is not None:
+        measurements["link"] = link
+        profile["t_comm"] = link["t_comm"]
+    if device.type == "cuda":
+        profile.update(copy_bandwidth(device))
+    log.info("measured %s on %s (%s)", card.name, env["device_name"], measurements["mode"])
     return profile
+
+
+TIMING_KEYS = {"t_f": "f", "t_b": "i", "t_w": "w", "t_bw": "b"}
+"""Cost field -> the runtime action timed for it (F, I, W, fused B)."""
+
+
+def _stage_cost(
+    old: StageCost, meas: dict[str, Any], layout: Layout, card: ModelCard, dtype: str
+) -> StageCost:
+    st = StageCost(device=old.device, layers=old.layers, params=old.params,
+                   embedding=old.embedding, head=old.head)  # fmt: skip
+    for key, op in TIMING_KEYS.items():
+        setattr(st, key, meas[op]["median"])
+    st.m_b, st.m_w = meas["m_b"], meas["m_w"]
+    st.t_offload, st.t_reload = meas["copy"]["t_offload"], meas["copy"]["t_reload"]
+    st.timings = {key: meas[op] for key, op in TIMING_KEYS.items()}
+    size = layout.seq * layout.mbs
+    st.m_in = min(8.0 * size if old.embedding else DTYPE_BYTES[dtype] * size * card.hidden, st.m_b)
+    return st

@@ -13,7 +13,12 @@ free nothing.
 On CPU, "host" and "device" are the same memory; the copies still happen (the
 originals are released and replaced by new tensors), which makes the offload
 observable: each :class:`OffloadEvent` says how many tensors moved, how many
-originals were really freed, and where the backward found its tensors.
+originals were really freed, and where the backward found its tensors. As CUDA
+copies run on their own streams, CPU copies run on two worker threads (one per
+direction; torch releases the GIL while copying), so that they overlap compute as
+the schedule assumes; the backward waits for its reload. With ``record=True`` each
+copy is waited for before it is logged, so the log is exact (and copies do not
+overlap compute).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -40,8 +46,8 @@ class SavedActivation:
     def __init__(self, tensor: torch.Tensor) -> None:
         self.tensor = tensor
         self.where = DEVICE
-        self.ready: torch.cuda.Event | None = None
-        """On CUDA, the event the reload recorded; the backward waits on it."""
+        self.ready: torch.cuda.Event | Future[None] | None = None
+        """The reload's CUDA event, or its CPU copy job; the backward waits on it."""
         self.moved = False
 
 
@@ -79,14 +85,17 @@ class ActivationOffloader:
         self.events: list[OffloadEvent] = []
         self._saved: dict[tuple[int, int], list[weakref.ref[SavedActivation]]] = {}
         self._offloaded: dict[tuple[int, int], list[SavedActivation]] = {}
-        self._copied: dict[tuple[int, int], torch.cuda.Event] = {}
+        self._copied: dict[tuple[int, int], torch.cuda.Event | Future[None]] = {}
         self._cuda = self.device.type == "cuda"
         self._d2h = torch.cuda.Stream(self.device) if self._cuda else None
         self._h2d = torch.cuda.Stream(self.device) if self._cuda else None
+        self._cpu_copies: tuple[ThreadPoolExecutor, ThreadPoolExecutor] | None = None
+        self._pending: list[Future[None]] = []
         self._unpacked: set[tuple[int, int]] = set()
 
     def reset(self) -> None:
         """Forget the last step's handles (called at the start of every step)."""
+        self.wait_copies()
         self._saved.clear()
         self._offloaded.clear()
         self._copied.clear()
@@ -129,12 +138,12 @@ class ActivationOffloader:
         if self._cuda:
             self._copied[key] = self._offload_cuda(chosen)
         else:
-            for h in chosen:
-                h.tensor = h.tensor.to("cpu", copy=True)
+            self._copied[key] = self._cpu_copy(0, chosen, "cpu", after=None)
         for h in chosen:
             h.where, h.moved = HOST, True
         self._offloaded[key] = chosen
-        if self.record:
+        if self.record and not self._cuda:
+            self._wait(self._copied[key])
             freed = sum(1 for ref in originals if ref() is None)
             self._log("offload", key, chosen, freed=freed)
 
@@ -142,15 +151,59 @@ class ActivationOffloader:
         """Bring back what :meth:`offload` moved, before the backward needs it."""
         key = (stage, microbatch)
         chosen = self._offloaded.pop(key, [])
+        copied = self._copied.pop(key, None)
         if self._cuda:
-            self._reload_cuda(chosen, self._copied.pop(key, None))
+            self._reload_cuda(chosen, copied if isinstance(copied, torch.cuda.Event) else None)
         else:
+            after = copied if isinstance(copied, Future) else None
+            ready = self._cpu_copy(1, chosen, self.device, after=after)
             for h in chosen:
-                h.tensor = h.tensor.to(self.device, copy=True)
+                h.ready = ready
         for h in chosen:
             h.where = DEVICE
-        if self.record:
+        if self.record and not self._cuda:
+            for h in chosen:
+                self._wait(h.ready)
             self._log("reload", key, chosen)
+
+    def _cpu_copy(
+        self,
+        direction: int,
+        chosen: list[SavedActivation],
+        to: str | torch.device,
+        *,
+        after: Future[None] | None,
+    ) -> Future[None]:
+        """Copy ``chosen`` to ``to`` on the CPU copy thread of ``direction`` (0 out, 1 back)."""
+        pools = self._cpu_copies
+        if pools is None:
+            threads = torch.get_num_threads()  # the pool's threads would default to all cores
+            pools = self._cpu_copies = (
+                ThreadPoolExecutor(1, "pp_opt-d2h", torch.set_num_threads, (threads,)),
+                ThreadPoolExecutor(1, "pp_opt-h2d", torch.set_num_threads, (threads,)),
+            )
+
+        def copy() -> None:
+            if after is not None:
+                after.result()
+            for h in chosen:
+                h.tensor = h.tensor.to(to, copy=True)
+
+        job = pools[direction].submit(copy)
+        self._pending.append(job)
+        return job
+
+    def _wait(self, ready: torch.cuda.Event | Future[None] | None) -> None:
+        if isinstance(ready, Future):
+            ready.result()
+        elif ready is not None:
+            ready.synchronize()
+
+    def wait_copies(self) -> None:
+        """Wait for every CPU copy issued so far (CUDA copies are ordered by their events)."""
+        pending, self._pending = self._pending, []
+        for job in pending:
+            job.result()
 
     def _offload_cuda(self, chosen: list[SavedActivation]) -> torch.cuda.Event:
         stream = self._d2h
@@ -194,7 +247,10 @@ class ActivationOffloader:
                 microbatch,
             )
             self.reload(stage, microbatch)
-        if handle.ready is not None:
+        if isinstance(handle.ready, Future):
+            handle.ready.result()
+            handle.ready = None
+        elif handle.ready is not None:
             compute = torch.cuda.current_stream(self.device)
             compute.wait_event(handle.ready)
             handle.tensor.record_stream(compute)
