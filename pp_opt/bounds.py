@@ -228,5 +228,6 @@ def check_caps(problem: Problem, offload_fractions: Sequence[float] = (1.0,)) ->
     if not problem.recompute and any(st.m_in < st.m_b for st in problem.stages):
         hints.append("recompute")
     raise InfeasibleError(
-        device=d, need=need[d], cap=problem.devices[d].cap, min_cap=max(need), hints=tuple(hints)
-    )
+        device=d, need=need[d], cap=problem.devices[d].cap, min_cap=max(need), hints=tuple(hints),
+        unit=problem.unit,
+    )  # fmt: skip

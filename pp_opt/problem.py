@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pp_opt.errors import ProblemError
+from pp_opt.limits import check_magnitude, check_size
 from pp_opt.placement import chunks_per_device, stage_devices
 
 OBJECTIVES = ("makespan", "span")
@@ -15,9 +16,7 @@ OBJECTIVES = ("makespan", "span")
 def _check_number(field_name: str, value: Any, *, positive: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ProblemError(field_name, f"got {value!r}; expected a number")
-    number = float(value)
-    if not math.isfinite(number):
-        raise ProblemError(field_name, f"got {number}; expected a finite number")
+    number = check_magnitude(field_name, float(value))
     if number < 0 or (positive and number == 0):
         need = "greater than 0" if positive else "0 or more"
         raise ProblemError(field_name, f"got {number:g}; it must be {need}")
@@ -126,6 +125,13 @@ class Problem:
             raise ProblemError(
                 "m", f"got {self.m!r}; the number of microbatches must be an integer >= 1"
             )
+        for name, items, kind in (
+            ("stages", self.stages, Stage),
+            ("devices", self.devices, Device),
+        ):
+            if not isinstance(items, tuple) or not all(isinstance(x, kind) for x in items):
+                raise ProblemError(name, f"expected a tuple of {kind.__name__} objects")
+        check_size(p=self.p, m=self.m, stages=len(self.stages))
         if len(self.devices) != self.p:
             raise ProblemError(
                 "devices", f"got {len(self.devices)} entries for p = {self.p}; give one per device"
@@ -150,6 +156,11 @@ class Problem:
         _check_number("t_comm", self.t_comm)
         if self.objective not in OBJECTIVES:
             raise ProblemError("objective", f"unknown {self.objective!r}; use 'makespan' or 'span'")
+        for name in ("split_backward", "offload", "recompute"):
+            if not isinstance(getattr(self, name), bool):
+                raise ProblemError(name, f"got {getattr(self, name)!r}; expected true or false")
+        if not isinstance(self.name, str):
+            raise ProblemError("name", f"got {self.name!r}; expected a string")
         if self.unit not in ("m_b", "bytes"):
             raise ProblemError("unit", f"unknown {self.unit!r}; use 'm_b' or 'bytes'")
         seen: set[int] = set()

@@ -23,7 +23,7 @@ m_w = 0.5
     [
         ("p = 2\nm = 4\n[stage]\nt_f = 1.0\nt_b = 1.0\n", "stage.t_w: missing"),
         (GOOD.replace("t_w = 1.0", "t_w = -1.0"), "stage.t_w: got -1; it must be 0 or more"),
-        (GOOD + "\n[device]\ncap = 1.0\nstatic = 2.0\n", "device.cap: got 1 < static memory"),
+        (GOOD + "\n[device]\ncap = 1.0\nstatic = 2.0\n", "raise --cap to at least 3 (unit: M_B"),
         (GOOD.replace("p = 2", "p = 2\nplacement = 'v'\nv = 3"), "v: got 3"),
         (GOOD.replace("p = 2", "p = 2\nspeed = 3"), "speed: unknown key"),
         (GOOD.replace("m = 4", "m = 'four'"), "m: got 'four'; expected an integer"),

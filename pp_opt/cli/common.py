@@ -109,8 +109,21 @@ def apply_overrides(
     """The problem with the cap of every device and the switches the user gave replaced."""
     changes: dict[str, object] = {}
     if cap is not None:
+        _check_cap_above_static(problem, cap)
         changes["devices"] = tuple(Device(cap=cap, static=d.static) for d in problem.devices)
     for name, value in (("objective", objective), ("offload", offload), ("recompute", recompute)):
         if value is not None:
             changes[name] = value
     return problem.replace(**changes) if changes else problem
+
+
+def _check_cap_above_static(problem: Problem, cap: float) -> None:
+    """A ``--cap`` below some device's static memory is infeasible: say the cap that works."""
+    from pp_opt.bounds import device_min_memory
+    from pp_opt.errors import InfeasibleError
+
+    short = [d for d, device in enumerate(problem.devices) if cap < device.static]
+    if short:
+        need = device_min_memory(problem)
+        raise InfeasibleError(device=short[0], need=need[short[0]], cap=cap, min_cap=max(need),
+                              unit=problem.unit)  # fmt: skip

@@ -153,7 +153,7 @@ def solve(
 def compare_rows(problem: Problem, result_schedule: Schedule | None = None) -> list[list[str]]:
     """One row per classic schedule (or why it has none), then the solver's if given."""
     from pp_opt.cli.common import flag
-    from pp_opt.errors import InfeasibleError
+    from pp_opt.errors import InfeasibleError, ceil_significant
     from pp_opt.orders import baseline, baseline_names
     from pp_opt.orders.common import same_placement
 
@@ -162,7 +162,7 @@ def compare_rows(problem: Problem, result_schedule: Schedule | None = None) -> l
         try:
             schedule = baseline(name, problem)
         except InfeasibleError as err:
-            rows.append([name, f"over cap (needs {err.min_cap:.4g})"])
+            rows.append([name, f"over cap (needs {ceil_significant(err.min_cap, 4)})"])
             continue
         except PPOptError as err:
             rows.append([name, f"n/a: {err.describe(flag)}"[:60]])

@@ -118,7 +118,8 @@ def _infeasible(name: str, schedule: Schedule) -> InfeasibleError:
     peaks, devices = schedule.metrics.peak_memory, schedule.problem.devices
     rows = cap_shortfall(schedule) or [(d, peaks[d], devices[d].cap) for d in range(len(peaks))]
     device, peak, cap = max(rows, key=lambda row: row[1] - row[2])
-    return InfeasibleError(device=device, need=peak, cap=cap, min_cap=max(peaks), schedule=name)
+    return InfeasibleError(device=device, need=peak, cap=cap, min_cap=max(peaks), schedule=name,
+                           unit=schedule.problem.unit)  # fmt: skip
 
 
 def _with_lower_bound(schedule: Schedule) -> Schedule:
