@@ -15,7 +15,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from pp_opt.errors import OutputError
 
@@ -44,7 +44,7 @@ def check_writable(path: str | Path, *, field: str = "output") -> Path:
 @contextlib.contextmanager
 def atomic_write(
     path: str | Path, *, binary: bool = False, field: str = "output", newline: str | None = None
-) -> Iterator[IO[str] | IO[bytes]]:
+) -> Iterator[IO[Any]]:
     """Open a temporary file next to ``path``; on success it replaces ``path`` atomically.
 
     On any error (including an interruption) the temporary file is removed, ``path`` is
@@ -78,7 +78,7 @@ def atomic_write(
 def write_text(path: str | Path, text: str, *, field: str = "output") -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     with atomic_write(path, field=field) as f:
-        f.write(text)  # type: ignore[arg-type]
+        f.write(text)
     return Path(path)
 
 

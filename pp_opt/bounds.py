@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from pp_opt.arguments import check_problem_and_fractions
 from pp_opt.errors import InfeasibleError, ProblemError
 from pp_opt.ops import OpKind, duration
 from pp_opt.problem import OBJECTIVES, Problem
@@ -69,6 +70,7 @@ def lower_bound(problem: Problem, objective: str | None = None) -> float:
     float
         A value no valid schedule of ``problem`` can beat.
     """
+    check_problem_and_fractions(problem)
     objective = objective or problem.objective
     if objective not in OBJECTIVES:
         raise ProblemError("objective", f"unknown {objective!r}; use 'makespan' or 'span'")
@@ -199,6 +201,7 @@ def device_min_memory(problem: Problem, offload_fractions: Sequence[float] = (1.
     waiting for each offload to end before the next forward on the device (or
     recomputing), and running ``W`` right after ``B``, never holds more.
     """
+    check_problem_and_fractions(problem, offload_fractions)
     need = []
     for device in range(problem.p):
         stages = sorted(problem.stages_on(device))

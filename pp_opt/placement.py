@@ -39,7 +39,7 @@ def stage_devices(placement: str | Sequence[int], p: int, v: int) -> tuple[int, 
             raise ProblemError(
                 "placement", f"entry {d!r} is not a device number; give integers 0..{p - 1}"
             )
-    devices = tuple(placement)
+    devices = tuple(int(d) for d in placement)
     check_size(v=len(devices) // p)
     if not devices:
         raise ProblemError("placement", "the explicit stage-to-device list is empty")

@@ -13,10 +13,18 @@ from pp_opt.placement import chunks_per_device, stage_devices
 OBJECTIVES = ("makespan", "span")
 
 
-def _check_number(field_name: str, value: Any, *, positive: bool = False) -> float:
+def _check_number(
+    field_name: str, value: Any, *, positive: bool = False, bounded: bool = True
+) -> float:
+    """A finite number >= 0 (> 0 when ``positive``), at most :data:`~pp_opt.limits.MAX_VALUE`
+    when ``bounded`` (caps are not: a huge cap just means no limit)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ProblemError(field_name, f"got {value!r}; expected a number")
-    number = check_magnitude(field_name, float(value))
+    number = float(value)
+    if not math.isfinite(number):
+        raise ProblemError(field_name, f"got {number}; expected a finite number")
+    if bounded:
+        check_magnitude(field_name, number)
     if number < 0 or (positive and number == 0):
         need = "greater than 0" if positive else "0 or more"
         raise ProblemError(field_name, f"got {number:g}; it must be {need}")
@@ -75,7 +83,7 @@ class Device:
     """Parameters, gradients, optimizer state and workspace: always resident."""
 
     def __post_init__(self) -> None:
-        _check_number("cap", self.cap)
+        _check_number("cap", self.cap, bounded=False)
         _check_number("static", self.static)
         if self.cap < self.static:
             raise ProblemError(

@@ -139,13 +139,13 @@ def problem_from_spec(spec: Mapping[str, Any]) -> Problem:
     dev_default = _table("device", spec.get("device", {}))
     if "cap" not in dev_default and not spec.get("devices"):
         # Default cap: 2p activations of a whole device (the ZB-2p budget), plus static memory.
-        per_device = [0.0] * p
+        activation = [0.0] * p
         for st in stages:
-            per_device[st.device] += st.m_b
+            activation[st.device] += st.m_b
         static = dev_default.get("static", 0.0)
         if isinstance(static, bool) or not isinstance(static, int | float):
             raise ProblemError("device.static", f"got {static!r}; expected a number")
-        dev_default["cap"] = 2 * p * max(per_device) + static
+        dev_default["cap"] = 2 * p * max(activation) + static
     per_device = _tables("devices", spec.get("devices", []))
     if per_device and len(per_device) != p:
         raise ProblemError("devices", f"got {len(per_device)} entries for p = {p}; give one each")

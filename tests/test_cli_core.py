@@ -49,8 +49,9 @@ def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """Finding 10: a usage error is bad input (exit 1), not click's 2 ("infeasible" here)."""
     code, _, err = run(["frobnicate"], capsys)
-    assert code == 2
+    assert code == 1
     assert "No such command" in err
 
 

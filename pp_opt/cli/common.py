@@ -9,11 +9,13 @@ import typer
 from pp_opt.errors import ProblemError
 from pp_opt.problem import Device, Problem
 from pp_opt.problem_io import load_problem, resplit
+from pp_opt.schedule import Schedule
 
 FLAGS = {
     "bytes_per_param": "--bytes-per-param",
     "cap": "--cap",
     "drop_offload": "--drop-offload",
+    "force": "--force",
     "format": "--format",
     "hardware": "--hardware",
     "layers": "--layers",
@@ -25,6 +27,7 @@ FLAGS = {
     "objective": "--objective",
     "offload": "--offload",
     "output": "--output",
+    "path": "--output",
     "placement": "--placement",
     "pp": "--pp",
     "recompute": "--recompute",
@@ -36,6 +39,7 @@ FLAGS = {
     "time_limit": "--time-limit",
     "tp": "--tp",
     "v": "--v",
+    "width": "--width",
 }
 """The flag (or argument) of each library argument name, for one-line errors."""
 
@@ -55,6 +59,24 @@ VppAlias = typer.Option(None, "--vpp", hidden=True, help="Former name of --v.")
 ObjectiveOption = typer.Option(None, "--objective", help="makespan or span.")
 QuietOption = typer.Option(False, "--quiet", "-q", help="No progress output.")
 LayersOption = typer.Option(None, "--layers", help="Layers per stage, e.g. 2,3,3,2.")
+ForceOption = typer.Option(
+    False, "--force", help="Write or show the schedule even if it is invalid (loudly)."
+)
+
+
+def checked_for_output(schedule: Schedule, *, force: bool, action: str) -> None:
+    """Refuse an invalid schedule (exit 1, first violation named) unless ``--force``, which
+    prints a loud warning instead."""
+    from pp_opt.cli.output import say
+    from pp_opt.validator import require_valid
+
+    violations = require_valid(schedule, force=force, action=action)
+    if violations:
+        more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
+        say(
+            f"WARNING: {action} of an INVALID schedule forced by --force: {violations[0]}{more}",
+            err=True,
+        )
 
 
 def layers_per_stage(text: str | None) -> list[int] | None:

@@ -22,6 +22,7 @@ from pp_opt.orders.offload_links import with_link_offloads
 from pp_opt.orders.offload_warm import roomy, with_offloads
 from pp_opt.orders.registry import REGISTRY, Entry
 from pp_opt.problem import Problem
+from pp_opt.runtime_rules import in_runtime_order
 from pp_opt.schedule import Schedule, SolverInfo, Status
 from pp_opt.simulator import simulate
 
@@ -155,6 +156,8 @@ def _keep_schedule(
     if not fits(problem, schedule):
         log.debug("warm start %s is over the caps", name)
         return
+    # Numbered as the runtimes need (pp_opt.runtime_rules); same times and memory.
+    schedule = in_runtime_order(schedule)
     found.append((schedule.objective_value(), rank, Candidate(name, schedule)))
 
 

@@ -16,14 +16,16 @@ from functools import partial
 
 import networkx as nx
 
+from pp_opt.arguments import check_solve
 from pp_opt.bounds import check_caps, lower_bound
 from pp_opt.dag import dag_for
-from pp_opt.errors import PPOptError, ProblemError
+from pp_opt.errors import PPOptError, ProblemError, TimeLimitError
 from pp_opt.metrics import compute_metrics
 from pp_opt.order import Variant
 from pp_opt.orders import candidates
 from pp_opt.orders.common import same_placement
 from pp_opt.problem import OBJECTIVES, Problem
+from pp_opt.runtime_rules import in_runtime_order
 from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo, Status
 from pp_opt.simulator import retime
 from pp_opt.solvers.base import BackendResult, ProgressCallback, SolveOptions
@@ -95,7 +97,7 @@ def solve(
     """
     started = time.perf_counter()
     problem, options = _prepare(problem, solver, time_limit, threads, seed, objective,
-                                progress, offload_fractions)  # fmt: skip
+                                progress, offload_fractions, warm_start)  # fmt: skip
     check_caps(problem, options.offload_fractions if problem.offload else ())
     deadline = started + WARM_START_SHARE * time_limit
     warm = _warm_start(problem, warm_start, options.offload_fractions, deadline)
@@ -115,7 +117,7 @@ def solve(
     if warm is not None and (found is None or _value(warm[1]) < _value(found) - 1e-9):
         chosen, status = warm[1], Status.FEASIBLE
     if chosen is None:
-        raise ProblemError(
+        raise TimeLimitError(
             "time_limit",
             f"{solver} found no schedule in {time_limit:g} s ({result.status}); raise it",
         )
@@ -154,7 +156,11 @@ def _prepare(
     objective: str | None,
     progress: ProgressCallback | None,
     offload_fractions: Sequence[float],
+    warm_start: bool | Schedule = True,
 ) -> tuple[Problem, SolveOptions]:
+    check_solve(problem=problem, time_limit=time_limit, threads=threads, seed=seed,
+                warm_start=warm_start, progress=progress,
+                offload_fractions=offload_fractions)  # fmt: skip
     if solver not in SOLVERS:
         raise ProblemError("solver", f"unknown {solver!r}; use one of {', '.join(SOLVERS)}")
     objective = objective or problem.objective
@@ -204,7 +210,7 @@ def _warm_start(
     given = Schedule(problem=problem, ops=warm_start.ops, solver=warm_start.solver,
                      metrics=compute_metrics(problem, warm_start.ops),
                      variant=warm_start.variant)  # fmt: skip
-    return "given", check_schedule(retime(given))
+    return "given", check_schedule(in_runtime_order(retime(given)))
 
 
 def _backend(solver: str) -> Backend:
