@@ -146,12 +146,13 @@ class InfeasibleError(PPOptError):
         at_least = memory_text(self.min_cap, self.unit)
         if self.schedule is not None:
             return (
-                f"{self.schedule} needs {self.need:g} (activation + static) on device "
-                f"{self.device} but its cap is {self.cap:g}; raise {name('cap')} to at least "
-                f"{at_least}"
+                f"{self.schedule} needs {ceil_significant(self.need)} (activation + static) on "
+                f"device {self.device} but its cap is {self.cap:g}; raise {name('cap')} to at "
+                f"least {at_least}"
             )
         tail = f", or allow {' / '.join(name(h) for h in self.hints)}" if self.hints else ""
         return (
-            f"no schedule fits: device {self.device} needs at least {self.need:g} but its cap "
+            f"no schedule fits: device {self.device} needs at least {ceil_significant(self.need)} "
+            f"but its cap "
             f"is {self.cap:g}; raise {name('cap')} to at least {at_least}{tail}"
         )

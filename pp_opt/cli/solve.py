@@ -180,7 +180,7 @@ def _say_how_it_ended(schedule: Schedule, time_limit: float, *, wrote: bool) -> 
     reason = stop_requested()
     if reason is not None:
         kept = "wrote the best schedule found so far" if wrote else "best schedule shown above"
-        say(f"interrupted ({reason}): {kept}", err=True)
+        say(f"{reason}: {kept}", err=True)
         raise typer.Exit(exit_codes.INTERRUPTED)
     if schedule.solver.status is Status.FEASIBLE:
         say(f"time limit ({time_limit:g} s): best schedule kept, not proved optimal", err=True)

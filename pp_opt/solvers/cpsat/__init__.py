@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import networkx as nx
@@ -65,8 +66,12 @@ def _solve(
     callback = _ProgressCallback(
         guarded(options.progress, search), search, built.scaling.time, started, built.objective
     )
-    search.on_stop(solver.stop_search)
-    code = solver.solve(built.model, callback)
+    solved = threading.Event()
+    search.on_stop(lambda: _stop_soon(solver, solved))
+    try:
+        code = solver.solve(built.model, callback)
+    finally:
+        solved.set()
     seconds = time.perf_counter() - started
     status = STATUS.get(code)
     if status is None:
@@ -83,6 +88,26 @@ def _solve(
         seconds=seconds,
         ops=read_ops(solver, built.vars),
     )
+
+
+STOP_DELAY = 0.25
+"""Seconds between a stop request and ``stop_search``. OR-Tools 9.15 aborts the process
+(``Check failed: solution->size() == postsolve_mapping.size()``) when the search is stopped
+while its first solution is being reported, with ``interleave_search`` and a hint (our
+default); stopping a moment later is safe."""
+
+
+def _stop_soon(solver: cp_model.CpSolver, solved: threading.Event) -> None:
+    """Stop the search from another thread after :data:`STOP_DELAY`, again every half
+    second until ``solve`` has returned (a stop before the search has started is lost)."""
+
+    def stop() -> None:
+        delay = STOP_DELAY
+        while not solved.wait(delay):
+            solver.stop_search()
+            delay = 0.5
+
+    threading.Thread(target=stop, daemon=True).start()
 
 
 class _ProgressCallback(cp_model.CpSolverSolutionCallback):
@@ -105,8 +130,7 @@ class _ProgressCallback(cp_model.CpSolverSolutionCallback):
 
     def on_solution_callback(self) -> None:
         try:
-            if self._search.stopped:  # a stop that came before the search had started
-                self.stop_search()
+            if self._search.stopped:  # stopping: no more reports (the stop is on its way)
                 return
             if self._report is not None:
                 self._report(
@@ -119,4 +143,3 @@ class _ProgressCallback(cp_model.CpSolverSolutionCallback):
         except BaseException as err:  # an exception here would abort the process
             log.warning("cpsat solution callback failed: %s", err)
             self._search.stop(f"solution callback failed: {err}")
-            self.stop_search()

@@ -186,7 +186,7 @@ def _signal_children(path: str, sig: signal.Signals, why: str = "") -> bool:
     """Send ``sig`` to the CBC child writing to ``path``; whether there was one."""
     pids = _children_writing_to(path)
     for pid in pids:
-        log.warning("%s; sending %s to CBC (pid %d)", why or "stopping", sig.name, pid)
+        log.info("%s; sending %s to CBC (pid %d)", why or "stopping", sig.name, pid)
         with contextlib.suppress(OSError):
             os.kill(pid, sig)
     return bool(pids)
