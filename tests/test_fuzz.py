@@ -45,6 +45,8 @@ def fuzz(prop: Callable[..., None], how: settings, *strategies: Any) -> Callable
 
     test.__signature__ = inspect.signature(prop)  # type: ignore[attr-defined]
     return given(*strategies)(how(test))
+
+
 SECONDS = 20.0
 """No single run may take longer (the solves get a one-second limit)."""
 
@@ -108,9 +110,13 @@ def _toml_value(value: Any) -> str | None:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf") if math.isinf(
-            value
-        ) else repr(value)
+        return (
+            "nan"
+            if math.isnan(value)
+            else ("inf" if value > 0 else "-inf")
+            if math.isinf(value)
+            else repr(value)
+        )
     if isinstance(value, str):
         return json.dumps(value)
     if isinstance(value, list):
