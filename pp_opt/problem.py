@@ -202,6 +202,14 @@ class Problem:
                 return i
         return None
 
+    def activation_room(self, device: int) -> float:
+        """Memory for activations on ``device``: cap minus static memory, but at most twice
+        all of its activations together (a larger cap is no limit; twice leaves room for
+        rounding), so that a huge cap stays a small number in the solvers' integer models."""
+        dev = self.devices[device]
+        everything = self.m * sum(st.m_b for st in self.stages if st.device == device)
+        return min(dev.cap - dev.static, 2.0 * everything)
+
     def replace(self, **changes: Any) -> Problem:
         return replace(self, **changes)
 

@@ -265,3 +265,11 @@ def test_dumps_is_not_gated_but_save_is(tmp_path: Path) -> None:
     """Tests and tools may build broken files with dumps_schedule; save_schedule refuses."""
     schedule = pp_opt.baseline("1f1b", uniform_problem(p=2, m=4))
     assert dumps_schedule(schedule)
+
+
+def test_a_huge_cap_is_no_limit_for_the_solvers() -> None:
+    """Found by the fuzz test: a cap of 1e18 overflowed CP-SAT's integer model."""
+    problem = uniform_problem(p=2, m=3)
+    problem = problem.replace(devices=(pp_opt.Device(cap=4.0), pp_opt.Device(cap=1e18)))
+    for solver in ("cpsat", "milp"):
+        assert pp_opt.solve(problem, solver=solver, time_limit=3, threads=1).objective > 0

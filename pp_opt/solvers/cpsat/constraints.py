@@ -147,8 +147,7 @@ def add_memory(model: cp_model.CpModel, v: Variables) -> None:
                 per_device[device][0].append(interval)
                 per_device[device][1].append(demand)
     for device, (intervals, demands) in per_device.items():
-        dev = v.problem.devices[device]
-        capacity = v.scaling.cap(dev.cap - dev.static)
+        capacity = v.scaling.cap(v.problem.activation_room(device))
         model.add_cumulative(intervals, demands, capacity)
 
 

@@ -133,7 +133,7 @@ def memory(model: MilpModel) -> None:
         own = [o for o in model.vars.ops.values() if o.device == device]
         allocs = [o for o in own if o.key.kind in ALLOCATING]
         frees = [o for o in own if o.key.kind in FREEING]
-        budget = (problem.devices[device].cap - problem.devices[device].static) / unit
+        budget = problem.activation_room(device) / unit
         most = sum(_largest(allocated[o.key]) for o in allocs)
         if most <= budget + 1e-9:
             continue  # the cap can never bind on this device
