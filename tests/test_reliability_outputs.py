@@ -162,3 +162,25 @@ def test_finding4_unwritable_output_fails_before_solving(
         code, _, err = run([*command, "-o", str(missing)], capsys)
         assert code == exit_codes.OUTPUT
         assert "does not exist" in err
+
+
+def test_finding4_a_failed_write_after_a_solve_keeps_the_result(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "s.json"
+    out.write_text("previous content")
+    real_replace = os.replace
+
+    def full_disk(src: str, dst: str) -> None:
+        if Path(dst) == out:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    code, _, err = run(["solve", "examples/small.toml", "--time-limit", "2", "-q", "-o", str(out)],
+                       capsys)  # fmt: skip
+    assert code == exit_codes.OUTPUT
+    assert out.read_text() == "previous content"
+    rescue = Path(err.split("the schedule was saved to ")[1].strip())
+    assert pp_opt.validate(pp_opt.load_schedule(rescue)) == []
+    rescue.unlink()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from pp_opt.cli.common import (
     problem_with_overrides,
 )
 from pp_opt.cli.output import say
-from pp_opt.errors import Interrupted, PPOptError, ProblemError, TimeLimitError
+from pp_opt.errors import Interrupted, OutputError, PPOptError, ProblemError, TimeLimitError
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule, Status
 from pp_opt.solvers.base import Progress
@@ -140,9 +141,7 @@ def solve(
     result = _run_solver(problem, solver=solver, time_limit=time_limit, threads=threads,
                          seed=seed, objective=objective, quiet=quiet)  # fmt: skip
     if output is not None:  # first: a closed stdout or a second Ctrl-C must not lose it
-        from pp_opt.schedule_io import save_schedule
-
-        save_schedule(result.schedule, output)
+        _save(result.schedule, output)
     if not quiet:
         warm = result.warm_start
         say("warm start   " + ("none" if warm is None else f"{warm.name} ({warm.objective:.6g})"))
@@ -155,6 +154,25 @@ def solve(
     if output is not None:
         say(f"wrote {output}")
     _say_how_it_ended(result.schedule, time_limit, wrote=output is not None)
+
+
+def _save(schedule: Schedule, output: Path) -> None:
+    """Save the solved schedule; if the write fails (a full disk), save it in the temporary
+    folder instead and say where, so a long solve is never lost (exit 4 all the same)."""
+    import tempfile
+
+    from pp_opt.schedule_io import dumps_schedule, save_schedule
+
+    try:
+        save_schedule(schedule, output)
+    except OutputError as err:
+        try:
+            fd, rescue = tempfile.mkstemp(prefix="pp-opt-schedule-", suffix=".json")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(dumps_schedule(schedule))
+        except OSError:
+            raise err from None
+        raise OutputError(err.field, f"{err.message}; the schedule was saved to {rescue}") from None
 
 
 def _run_solver(problem: Problem, *, quiet: bool, **options: Any) -> SolveResult:
