@@ -205,3 +205,15 @@ def test_finding11_solved_offload_schedules_keep_the_rule() -> None:
             key=lambda op: op.start,
         )
         assert [op.microbatch for op in last] == list(range(problem.m))
+
+
+def test_finding2_a_failing_warm_start_never_sinks_the_solve(monkeypatch) -> None:
+    from pp_opt.orders import registry
+
+    def broken(problem: Problem, **options: object) -> None:
+        raise ZeroDivisionError("a bug in a generator")
+
+    entry = dataclasses.replace(registry.REGISTRY["gpipe"], generator=broken)
+    monkeypatch.setitem(registry.REGISTRY, "gpipe", entry)
+    result = pp_opt.solve(uniform_problem(p=2, m=4), time_limit=3, threads=1)
+    assert validate(result.schedule) == []

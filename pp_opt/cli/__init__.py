@@ -33,14 +33,14 @@ for _name in _COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 
 
-def _click_exceptions() -> tuple[type[Exception], type[Exception], type[Exception] | None]:
-    """``(ClickException, UsageError, NoArgsIsHelpError)`` of the click typer runs on: its
-    own copy (typer >= 0.23) or the click package."""
+def _click_exceptions() -> tuple[type[Exception], type[Exception] | None]:
+    """``(ClickException, NoArgsIsHelpError)`` of the click typer runs on: its own copy
+    (typer >= 0.23) or the click package. Usage errors are click exceptions too."""
     try:
         from typer._click import exceptions as found
     except ImportError:  # older typer, on click itself
         import click.exceptions as found  # type: ignore[no-redef]
-    return found.ClickException, found.UsageError, getattr(found, "NoArgsIsHelpError", None)
+    return found.ClickException, getattr(found, "NoArgsIsHelpError", None)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     """
     from pp_opt.solvers.interrupt import stop_on_signals
 
-    click_error, usage_error, no_args = _click_exceptions()
+    click_error, no_args = _click_exceptions()
     reset()
     try:
         with stop_on_signals():
@@ -74,5 +74,4 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exit_codes.INTERRUPTED)
     except BrokenPipeError:
         sys.exit(exit_codes.OK)
-    del usage_error  # every usage error is a click error: exit 1
     sys.exit(code if isinstance(code, int) else exit_codes.OK)

@@ -111,6 +111,8 @@ def candidates(
                     )
             except PPOptError as err:
                 log.debug("offload warm start from %s skipped: %s", name, err)
+            except Exception as err:  # a failing warm start must never sink the solve
+                log.warning("offload warm start from %s failed (%s); skipped", name, err)
     found.sort(key=lambda item: (item[0], item[1]))
     return [candidate for _, _, candidate in found]
 
@@ -130,6 +132,9 @@ def _generate(
     except PPOptError as err:
         log.debug("warm start %s skipped: %s", name, err)
         return None
+    except Exception as err:  # a failing warm start must never sink the solve
+        log.warning("warm start %s failed (%s: %s); skipped", name, type(err).__name__, err)
+        return None
     return order
 
 
@@ -141,6 +146,9 @@ def _keep(
         schedule = simulate(order, solver=_info(name, order))
     except PPOptError as err:
         log.debug("warm start %s skipped: %s", name, err)
+        return
+    except Exception as err:  # a failing warm start must never sink the solve
+        log.warning("warm start %s failed (%s: %s); skipped", name, type(err).__name__, err)
         return
     _keep_schedule(found, rank, schedule, problem, name)
 
