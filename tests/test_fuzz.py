@@ -150,18 +150,18 @@ def to_toml(data: dict[str, Any]) -> str:
 
 
 def run_cli(argv: list[str]) -> tuple[int, str]:
-    """Exit code and stderr of ``pp-opt argv`` run in this process; any exception other
-    than ``SystemExit`` (a traceback) fails the test."""
-    err = io.StringIO()
+    """Exit code and output (stderr, then stdout) of ``pp-opt argv`` run in this process;
+    any exception other than ``SystemExit`` (a traceback) fails the test."""
+    out, err = io.StringIO(), io.StringIO()
     started = time.perf_counter()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             main(argv)
             code = 0
         except SystemExit as done:
             code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
     assert time.perf_counter() - started < SECONDS, argv
-    return code, err.getvalue()
+    return code, err.getvalue() + out.getvalue()
 
 
 def check(argv_for: Callable[[Path], list[str]], write: Callable[[Path], Path]) -> None:
