@@ -80,7 +80,7 @@ CASES_P2: dict[str, SchedulesBuilder] = {
     "offload-cpsat": lambda: cpsat(with_copy_costs(uniform_problem(p=2, m=4, t_comm=0.1, cap=1.5))),
     # Issue 11, finding 11: solved offload schedules (both models, the runtimes' order rule)
     # and an overtaking order renumbered for the runtime.
-    "offload-milp": lambda: (
+    "milp-offload-allowed": lambda: (
         solve(
             with_copy_costs(uniform_problem(p=2, m=4, t_comm=0.1, cap=1.5)),
             solver="milp",
