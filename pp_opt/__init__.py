@@ -17,9 +17,12 @@ from pp_opt.bounds import lower_bound, min_feasible_cap
 from pp_opt.errors import (
     DeadlockError,
     InfeasibleError,
+    Interrupted,
     NoOrderError,
+    OutputError,
     PPOptError,
     ProblemError,
+    TimeLimitError,
 )
 from pp_opt.export import export
 from pp_opt.order import Order, Variant
@@ -39,7 +42,9 @@ __all__ = [
     "DeadlockError",
     "Device",
     "InfeasibleError",
+    "Interrupted",
     "NoOrderError",
+    "OutputError",
     "Order",
     "PPOptError",
     "Problem",
@@ -48,6 +53,7 @@ __all__ = [
     "SolveResult",
     "Stage",
     "Status",
+    "TimeLimitError",
     "ValidationError",
     "Variant",
     "Violation",

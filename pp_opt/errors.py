@@ -8,11 +8,41 @@ structured fields, so each error says how to fix the input in the caller's terms
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from decimal import ROUND_CEILING, Decimal
 
 
 def _as_is(name: str) -> str:
     return name
+
+
+def ceil_significant(value: float, digits: int = 6) -> str:
+    """``value`` rounded *up* to ``digits`` significant digits, as text.
+
+    The number printed is never below ``value`` once read back as a float, so a cap
+    printed with it is a cap that works.
+    """
+    if not math.isfinite(value) or value <= 0:
+        return f"{value:g}"
+    exact = Decimal(repr(value))  # the shortest text that reads back as ``value``
+    step = Decimal(1).scaleb(exact.adjusted() - digits + 1)
+    rounded = exact.quantize(step, rounding=ROUND_CEILING)
+    while float(rounded) < value:
+        rounded += step
+    text = format(rounded.normalize(), "f")
+    return text
+
+
+def memory_text(value: float, unit: str) -> str:
+    """A memory amount in the problem's unit, rounded up, with the unit said.
+
+    Bytes are whole bytes (with GiB for reading); ``m_b`` amounts are multiples of one
+    activation, six significant digits.
+    """
+    if unit == "bytes" and math.isfinite(value):
+        return f"{math.ceil(value)} bytes ({value / 1024**3:.2f} GiB)"
+    return f"{ceil_significant(value)} (unit: M_B, one activation)"
 
 
 class PPOptError(Exception):
@@ -23,6 +53,21 @@ class PPOptError(Exception):
     def describe(self, name: Callable[[str], str] = _as_is) -> str:
         """The message with argument names spelled by ``name`` (the CLI passes its flags)."""
         return str(self)
+
+
+class OutputError(PPOptError):
+    """An output file cannot be written (checked before long work; never left half-written)."""
+
+    exit_code = 4
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        """The argument naming the output (``output``, ``path``)."""
+        self.message = message
+        super().__init__(f"{field}: {message}" if field else message)
+
+    def describe(self, name: Callable[[str], str] = _as_is) -> str:
+        return f"{name(self.field)}: {self.message}" if self.field else self.message
 
 
 class ProblemError(PPOptError, ValueError):
@@ -37,6 +82,18 @@ class ProblemError(PPOptError, ValueError):
 
     def describe(self, name: Callable[[str], str] = _as_is) -> str:
         return f"{name(self.field)}: {self.message}" if self.field else self.message
+
+
+class TimeLimitError(ProblemError):
+    """The time limit passed before any schedule was found (raise ``time_limit``)."""
+
+    exit_code = 3
+
+
+class Interrupted(PPOptError):
+    """A signal (Ctrl-C, SIGTERM) ended the run before any schedule was found."""
+
+    exit_code = 130
 
 
 class NoOrderError(PPOptError):
@@ -66,6 +123,7 @@ class InfeasibleError(PPOptError):
         min_cap: float,
         hints: Sequence[str] = (),
         schedule: str | None = None,
+        unit: str = "m_b",
     ) -> None:
         self.device = device
         """The device the message is about (the first, or the worst, over its cap)."""
@@ -79,17 +137,22 @@ class InfeasibleError(PPOptError):
         """Switches that would lower the need: ``offload``, ``recompute``."""
         self.schedule = schedule
         """The named schedule that does not fit, or None for "no schedule at all"."""
+        self.unit = unit
+        """The unit of the memory numbers: ``m_b`` (activations) or ``bytes``."""
         super().__init__(self.describe())
 
     def describe(self, name: Callable[[str], str] = _as_is) -> str:
+        # The cap printed is rounded up, so giving exactly that number works.
+        at_least = memory_text(self.min_cap, self.unit)
         if self.schedule is not None:
             return (
-                f"{self.schedule} needs {self.need:g} (activation + static) on device "
-                f"{self.device} but its cap is {self.cap:g}; raise {name('cap')} to at least "
-                f"{self.min_cap:g}"
+                f"{self.schedule} needs {ceil_significant(self.need)} (activation + static) on "
+                f"device {self.device} but its cap is {self.cap:g}; raise {name('cap')} to at "
+                f"least {at_least}"
             )
         tail = f", or allow {' / '.join(name(h) for h in self.hints)}" if self.hints else ""
         return (
-            f"no schedule fits: device {self.device} needs at least {self.need:g} but its cap "
-            f"is {self.cap:g}; raise {name('cap')} to {self.min_cap:g} or more{tail}"
+            f"no schedule fits: device {self.device} needs at least {ceil_significant(self.need)} "
+            f"but its cap "
+            f"is {self.cap:g}; raise {name('cap')} to at least {at_least}{tail}"
         )

@@ -7,17 +7,24 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pp_opt.errors import ProblemError
+from pp_opt.limits import check_magnitude, check_size
 from pp_opt.placement import chunks_per_device, stage_devices
 
 OBJECTIVES = ("makespan", "span")
 
 
-def _check_number(field_name: str, value: Any, *, positive: bool = False) -> float:
+def _check_number(
+    field_name: str, value: Any, *, positive: bool = False, bounded: bool = True
+) -> float:
+    """A finite number >= 0 (> 0 when ``positive``), at most :data:`~pp_opt.limits.MAX_VALUE`
+    when ``bounded`` (caps are not: a huge cap just means no limit)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ProblemError(field_name, f"got {value!r}; expected a number")
     number = float(value)
     if not math.isfinite(number):
         raise ProblemError(field_name, f"got {number}; expected a finite number")
+    if bounded:
+        check_magnitude(field_name, number)
     if number < 0 or (positive and number == 0):
         need = "greater than 0" if positive else "0 or more"
         raise ProblemError(field_name, f"got {number:g}; it must be {need}")
@@ -76,7 +83,7 @@ class Device:
     """Parameters, gradients, optimizer state and workspace: always resident."""
 
     def __post_init__(self) -> None:
-        _check_number("cap", self.cap)
+        _check_number("cap", self.cap, bounded=False)
         _check_number("static", self.static)
         if self.cap < self.static:
             raise ProblemError(
@@ -126,6 +133,13 @@ class Problem:
             raise ProblemError(
                 "m", f"got {self.m!r}; the number of microbatches must be an integer >= 1"
             )
+        for name, items, kind in (
+            ("stages", self.stages, Stage),
+            ("devices", self.devices, Device),
+        ):
+            if not isinstance(items, tuple) or not all(isinstance(x, kind) for x in items):
+                raise ProblemError(name, f"expected a tuple of {kind.__name__} objects")
+        check_size(p=self.p, m=self.m, stages=len(self.stages))
         if len(self.devices) != self.p:
             raise ProblemError(
                 "devices", f"got {len(self.devices)} entries for p = {self.p}; give one per device"
@@ -150,6 +164,11 @@ class Problem:
         _check_number("t_comm", self.t_comm)
         if self.objective not in OBJECTIVES:
             raise ProblemError("objective", f"unknown {self.objective!r}; use 'makespan' or 'span'")
+        for name in ("split_backward", "offload", "recompute"):
+            if not isinstance(getattr(self, name), bool):
+                raise ProblemError(name, f"got {getattr(self, name)!r}; expected true or false")
+        if not isinstance(self.name, str):
+            raise ProblemError("name", f"got {self.name!r}; expected a string")
         if self.unit not in ("m_b", "bytes"):
             raise ProblemError("unit", f"unknown {self.unit!r}; use 'm_b' or 'bytes'")
         seen: set[int] = set()
@@ -182,6 +201,14 @@ class Problem:
             if device in group:
                 return i
         return None
+
+    def activation_room(self, device: int) -> float:
+        """Memory for activations on ``device``: cap minus static memory, but at most twice
+        all of its activations together (a larger cap is no limit; twice leaves room for
+        rounding), so that a huge cap stays a small number in the solvers' integer models."""
+        dev = self.devices[device]
+        everything = self.m * sum(st.m_b for st in self.stages if st.device == device)
+        return min(dev.cap - dev.static, 2.0 * everything)
 
     def replace(self, **changes: Any) -> Problem:
         return replace(self, **changes)

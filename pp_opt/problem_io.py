@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from pp_opt.compat import with_v
-from pp_opt.errors import ProblemError
+from pp_opt.errors import InfeasibleError, ProblemError
+from pp_opt.limits import check_size
 from pp_opt.placement import PLACEMENTS, stage_devices
 from pp_opt.problem import Device, Problem, Stage
 
@@ -56,17 +57,40 @@ def _stage(where: str, values: Mapping[str, Any], device: int) -> Stage:
     try:
         return Stage(device=device, **kwargs)
     except ProblemError as err:
-        raise ProblemError(f"{where}{err.field}", str(err).split(": ", 1)[1]) from None
+        raise ProblemError(f"{where}{err.field}", err.message) from None
 
 
 def _device(where: str, values: Mapping[str, Any]) -> Device:
+    """A checked device; a cap below its static memory is kept (as the static memory) and
+    reported by :func:`_check_static` once the stages are known."""
     _reject_unknown(where, values, DEVICE_KEYS)
     if "cap" not in values:
         raise ProblemError(f"{where}cap", "missing; give each device a memory cap")
     try:
-        return Device(**values)
+        device = Device(**values)
     except ProblemError as err:
-        raise ProblemError(f"{where}{err.field}", str(err).split(": ", 1)[1]) from None
+        if err.field == "cap" and isinstance(values.get("static"), int | float):
+            return Device(cap=values["static"], static=values["static"])
+        raise ProblemError(f"{where}{err.field}", err.message) from None
+    return device
+
+
+def _check_static(problem: Problem, caps: Sequence[Any]) -> Problem:
+    """Raise :class:`InfeasibleError` (exit 2, with the smallest cap that works) when a
+    device's cap is below its static memory; otherwise the problem itself."""
+    from pp_opt.bounds import device_min_memory
+
+    short = [
+        d
+        for d, (cap, device) in enumerate(zip(caps, problem.devices, strict=True))
+        if isinstance(cap, int | float) and cap < device.static
+    ]
+    if not short:
+        return problem
+    need = device_min_memory(problem)
+    d = short[0]
+    raise InfeasibleError(device=d, need=need[d], cap=float(caps[d]), min_cap=max(need),
+                          unit=problem.unit)  # fmt: skip
 
 
 def _table(field: str, value: Any) -> dict[str, Any]:
@@ -90,6 +114,7 @@ def problem_from_spec(spec: Mapping[str, Any]) -> Problem:
             raise ProblemError(key, "missing; a problem needs p (devices) and m (microbatches)")
     p = _typed("p", spec["p"], int)
     m = _typed("m", spec["m"], int)
+    check_size(p=p, m=m)
     raw_placement = spec.get("placement", "loop")
     if isinstance(raw_placement, list):
         devices_of = stage_devices(raw_placement, p, 1)
@@ -98,6 +123,7 @@ def problem_from_spec(spec: Mapping[str, Any]) -> Problem:
         placement = _typed("placement", raw_placement, str)
         default_v = 2 if placement == "v" else 1
         devices_of = stage_devices(placement, p, _typed("v", spec.get("v", default_v), int))
+    check_size(m=m, stages=len(devices_of))
     stage_default = _table("stage", spec.get("stage", {}))
     per_stage = _tables("stages", spec.get("stages", []))
     if per_stage and len(per_stage) != len(devices_of):
@@ -113,29 +139,29 @@ def problem_from_spec(spec: Mapping[str, Any]) -> Problem:
     dev_default = _table("device", spec.get("device", {}))
     if "cap" not in dev_default and not spec.get("devices"):
         # Default cap: 2p activations of a whole device (the ZB-2p budget), plus static memory.
-        per_device_m_b = max(sum(st.m_b for st in stages if st.device == d) for d in range(p))
-        dev_default["cap"] = 2 * p * per_device_m_b + dev_default.get("static", 0.0)
+        activation = [0.0] * p
+        for st in stages:
+            activation[st.device] += st.m_b
+        static = dev_default.get("static", 0.0)
+        if isinstance(static, bool) or not isinstance(static, int | float):
+            raise ProblemError("device.static", f"got {static!r}; expected a number")
+        dev_default["cap"] = 2 * p * max(activation) + static
     per_device = _tables("devices", spec.get("devices", []))
     if per_device and len(per_device) != p:
         raise ProblemError("devices", f"got {len(per_device)} entries for p = {p}; give one each")
+    device_values = [{**dev_default, **(per_device[d] if per_device else {})} for d in range(p)]
     devices = [
-        _device(
-            "device." if not per_device else f"devices[{d}].",
-            {**dev_default, **(per_device[d] if per_device else {})},
-        )
-        for d in range(p)
+        _device("device." if not per_device else f"devices[{d}].", values)
+        for d, values in enumerate(device_values)
     ]
-    host_links = spec.get("host_links", [])
-    if not isinstance(host_links, list) or not all(isinstance(g, list) for g in host_links):
-        raise ProblemError("host_links", "expected a list of device lists, e.g. [[0, 1], [2, 3]]")
-    return Problem(
+    problem = Problem(
         p=p,
         m=m,
         stages=tuple(stages),
         devices=tuple(devices),
         placement=placement,
         t_comm=spec.get("t_comm", 0.0),
-        host_links=tuple(tuple(_typed("host_links", d, int) for d in g) for g in host_links),
+        host_links=_host_links(spec.get("host_links", [])),
         split_backward=_typed("split_backward", spec.get("split_backward", True), bool),
         offload=_typed("offload", spec.get("offload", False), bool),
         recompute=_typed("recompute", spec.get("recompute", False), bool),
@@ -143,6 +169,13 @@ def problem_from_spec(spec: Mapping[str, Any]) -> Problem:
         unit=_typed("unit", spec.get("unit", "m_b"), str),
         name=_typed("name", spec.get("name", ""), str),
     )
+    return _check_static(problem, [values.get("cap") for values in device_values])
+
+
+def _host_links(value: Any) -> tuple[tuple[int, ...], ...]:
+    if not isinstance(value, list) or not all(isinstance(g, list) for g in value):
+        raise ProblemError("host_links", "expected a list of device lists, e.g. [[0, 1], [2, 3]]")
+    return tuple(tuple(_typed("host_links", d, int) for d in g) for g in value)
 
 
 def problem_to_dict(problem: Problem) -> dict[str, Any]:
@@ -177,7 +210,9 @@ def problem_to_dict(problem: Problem) -> dict[str, Any]:
 
 
 def problem_from_dict(data: Mapping[str, Any]) -> Problem:
-    """Inverse of :func:`problem_to_dict`."""
+    """Inverse of :func:`problem_to_dict`; every field is checked (one-line errors)."""
+    if not isinstance(data, Mapping):
+        raise ProblemError("problem", f"got {type(data).__name__}; expected an object")
     data = with_v(data, "problem.")
     allowed = (
         "name", "p", "m", "placement", "v", "objective", "unit", "stages", "t_comm", "devices",
@@ -187,49 +222,83 @@ def problem_from_dict(data: Mapping[str, Any]) -> Problem:
     for key in ("p", "m", "stages", "devices"):
         if key not in data:
             raise ProblemError(f"problem.{key}", "missing")
-    stages = tuple(
-        _stage(
-            f"problem.stages[{s}].", {k: v for k, v in row.items() if k != "device"}, row["device"]
-        )
-        for s, row in enumerate(data["stages"])
-    )
-    devices = tuple(_device(f"problem.devices[{d}].", row) for d, row in enumerate(data["devices"]))
-    return Problem(
-        p=data["p"],
-        m=data["m"],
-        stages=stages,
+    p = _typed("problem.p", data["p"], int)
+    m = _typed("problem.m", data["m"], int)
+    rows = _tables("problem.stages", data["stages"])
+    check_size(p=p, m=m, stages=len(rows))
+    stages = []
+    for s, row in enumerate(rows):
+        if "device" not in row:
+            raise ProblemError(f"problem.stages[{s}].device", "missing; give the stage's device")
+        device = _typed(f"problem.stages[{s}].device", row["device"], int)
+        values = {k: v for k, v in row.items() if k != "device"}
+        stages.append(_stage(f"problem.stages[{s}].", values, device))
+    device_rows = _tables("problem.devices", data["devices"])
+    devices = tuple(_device(f"problem.devices[{d}].", row) for d, row in enumerate(device_rows))
+    placement = data.get("placement", "explicit")
+    if not isinstance(placement, str):
+        raise ProblemError("problem.placement", f"got {placement!r}; expected loop, v or explicit")
+    extra = data.get("extra", {})
+    if not isinstance(extra, Mapping):
+        raise ProblemError("problem.extra", f"got {extra!r}; expected an object")
+    problem = Problem(
+        p=p,
+        m=m,
+        stages=tuple(stages),
         devices=devices,
-        placement=data.get("placement", "explicit"),
+        placement=placement,
         t_comm=data.get("t_comm", 0.0),
-        host_links=tuple(tuple(g) for g in data.get("host_links", [])),
-        split_backward=data.get("split_backward", True),
-        offload=data.get("offload", False),
-        recompute=data.get("recompute", False),
-        objective=data.get("objective", "makespan"),
-        unit=data.get("unit", "m_b"),
-        name=data.get("name", ""),
-        extra=dict(data.get("extra", {})),
+        host_links=_host_links(data.get("host_links", [])),
+        split_backward=_typed("problem.split_backward", data.get("split_backward", True), bool),
+        offload=_typed("problem.offload", data.get("offload", False), bool),
+        recompute=_typed("problem.recompute", data.get("recompute", False), bool),
+        objective=_typed("problem.objective", data.get("objective", "makespan"), str),
+        unit=_typed("problem.unit", data.get("unit", "m_b"), str),
+        name=_typed("problem.name", data.get("name", ""), str),
+        extra=dict(extra),
     )
+    return _check_static(problem, [row.get("cap") for row in device_rows])
+
+
+def read_text(path: Path, what: str) -> str:
+    """A file's text (UTF-8), or a one-line :class:`ProblemError` saying why it cannot be read."""
+    try:
+        data = path.read_bytes()
+    except IsADirectoryError:
+        raise ProblemError("", f"{path}: is a directory; give the path of a {what}") from None
+    except OSError as err:
+        raise ProblemError("", f"{path}: cannot be read ({err.strerror})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ProblemError(
+            "", f"{path}: not UTF-8 text (byte {data[err.start]:#04x} at offset {err.start}); "
+            f"give a {what} saved as UTF-8",
+        ) from None  # fmt: skip
 
 
 def load_problem(path: str | Path) -> Problem:
     """Read a problem from a TOML spec, a problem/schedule JSON, or a cost profile JSON."""
+    if not isinstance(path, str | Path):
+        raise ProblemError("path", f"got {type(path).__name__}; give a file path")
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ProblemError("", f"{path}: no such file; give the path of a .toml or .json problem")
-    text = path.read_text()
+    text = read_text(path, "problem .toml or .json")
     if path.suffix == ".toml":
         try:
             spec = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as err:
+        except (tomllib.TOMLDecodeError, RecursionError) as err:
             raise ProblemError("", f"{path}: not valid TOML ({err})") from None
         return problem_from_spec(spec)
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, RecursionError) as err:
         raise ProblemError("", f"{path}: not valid JSON ({err})") from None
     fmt = data.get("format") if isinstance(data, dict) else None
     if fmt == "pp-opt.schedule":
+        if "problem" not in data:
+            raise ProblemError("problem", f"{path}: the schedule file has no problem")
         return problem_from_dict(data["problem"])
     if fmt == "pp-opt.problem":
         return problem_from_dict({k: v for k, v in data.items() if k not in ("format", "version")})
@@ -242,6 +311,8 @@ def load_problem(path: str | Path) -> Problem:
 
 def problem_from_costs(data: Mapping[str, Any]) -> Problem:
     """Build the Problem a cost profile describes; its provenance goes to ``extra["profile"]``."""
+    if not isinstance(data, Mapping):
+        raise ProblemError("data", f"got {type(data).__name__}; expected a cost profile object")
     if data.get("format") != COSTS_FORMAT:
         raise ProblemError("format", f"got {data.get('format')!r}; expected {COSTS_FORMAT!r}")
     if data.get("version") != COSTS_VERSION:
@@ -256,7 +327,10 @@ def problem_from_costs(data: Mapping[str, Any]) -> Problem:
     if data.get("unit", "bytes") != "bytes":
         raise ProblemError("unit", "a cost profile measures memory in bytes; set unit = 'bytes'")
     problem = {k: data[k] for k in COSTS_PROBLEM_KEYS if k in data and k != "v"}
-    problem["extra"] = {"profile": dict(data.get("profile", {}))}
+    profile = data.get("profile", {})
+    if not isinstance(profile, Mapping):
+        raise ProblemError("profile", f"got {profile!r}; expected an object")
+    problem["extra"] = {"profile": dict(profile)}
     return problem_from_dict(problem)
 
 

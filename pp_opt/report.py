@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pp_opt.errors import ProblemError
 from pp_opt.ops import OpKind, Stream
 from pp_opt.schedule import Schedule, ScheduledOp
 
@@ -64,7 +65,11 @@ def _row(ops: list[ScheduledOp], t0: float, scale: float, width: int) -> str:
 def text_gantt(schedule: Schedule, *, width: int = 100) -> str:
     """One row per device (plus its copy streams when it has any); letters alternate case by
     microbatch so neighbouring ops stay apart."""
+    if isinstance(width, bool) or not isinstance(width, int) or not 10 <= width <= 10_000:
+        raise ProblemError("width", f"got {width!r}; give a number of columns from 10 to 10000")
     ops = schedule.ops
+    if not ops:
+        return "no ops"
     t0 = min(op.start for op in ops)
     t1 = max(op.end for op in ops)
     scale = width / (t1 - t0) if t1 > t0 else 1.0

@@ -13,7 +13,7 @@ from typing import Any
 from pp_opt.errors import ProblemError
 from pp_opt.ops import OpKind, Stream
 from pp_opt.order import Variant
-from pp_opt.problem_io import problem_from_dict, problem_to_dict
+from pp_opt.problem_io import problem_from_dict, problem_to_dict, read_text
 from pp_opt.schedule import Metrics, Schedule, ScheduledOp, SolverInfo, Status
 
 FORMAT = "pp-opt.schedule"
@@ -56,11 +56,124 @@ def dumps_schedule(schedule: Schedule) -> str:
     return json.dumps(schedule_to_dict(schedule), indent=1) + "\n"
 
 
-def save_schedule(schedule: Schedule, path: str | Path) -> None:
-    Path(path).write_text(dumps_schedule(schedule))
+def save_schedule(schedule: Schedule, path: str | Path, *, force: bool = False) -> Path:
+    """Validate ``schedule`` and write its JSON to ``path`` atomically.
+
+    An invalid schedule raises :class:`~pp_opt.validator.ValidationError` naming its first
+    violation, unless ``force`` (then it is written with a logged warning). The file is
+    written whole or not at all (:mod:`pp_opt.atomic`).
+    """
+    from pp_opt.atomic import write_text
+    from pp_opt.validator import require_valid
+
+    require_schedule("schedule", schedule)
+    require_valid(schedule, force=force, action="save")
+    return write_text(path, dumps_schedule(schedule), field="path")
+
+
+def require_schedule(name: str, value: object) -> Schedule:
+    """``value`` when it is a :class:`Schedule`; a :class:`ProblemError` naming ``name`` if not."""
+    if not isinstance(value, Schedule):
+        raise ProblemError(name, f"got {type(value).__name__}; expected a pp_opt Schedule")
+    return value
+
+
+_TOP_KEYS = ("format", "version", "problem", "solver", "metrics", "devices")
+_OP_KEYS = ("op", "stage", "microbatch", "stream", "start", "end", "fraction")
+
+
+def _number(field: str, value: Any, *, optional: bool = False) -> Any:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ProblemError(field, f"got {value!r}; expected a number")
+    return value
+
+
+def _integer(field: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProblemError(field, f"got {value!r}; expected an integer")
+    return value
+
+
+def _object(field: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ProblemError(field, f"got {type(value).__name__}; expected an object")
+    return value
+
+
+def _list(field: str, value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise ProblemError(field, f"got {type(value).__name__}; expected a list")
+    return value
+
+
+def _solver_info(data: Any) -> SolverInfo:
+    solver_data = dict(_object("solver", data))
+    status = solver_data.pop("status", "feasible")
+    if status not in [s.value for s in Status]:
+        raise ProblemError("solver.status", f"got {status!r}; use one of {', '.join(Status)}")
+    name = solver_data.pop("name", "?")
+    if not isinstance(name, str):
+        raise ProblemError("solver.name", f"got {name!r}; expected a string")
+    return SolverInfo(
+        name=name,
+        status=Status(status),
+        objective=_number("solver.objective", solver_data.pop("objective", 0.0)),
+        lower_bound=_number(
+            "solver.lower_bound", solver_data.pop("lower_bound", None), optional=True
+        ),  # fmt: skip
+        gap=_number("solver.gap", solver_data.pop("gap", None), optional=True),
+        seconds=_number("solver.seconds", solver_data.pop("seconds", 0.0)),
+        extra=solver_data,
+    )
+
+
+def _metrics(data: Any) -> Metrics:
+    metrics_data = _object("metrics", data)
+    missing = [k for k in _METRIC_KEYS if k not in metrics_data]
+    if missing:
+        raise ProblemError(f"metrics.{missing[0]}", "missing from the schedule file")
+    for key in metrics_data:
+        if key not in _METRIC_KEYS:
+            raise ProblemError(f"metrics.{key}", f"unknown key; allowed: {', '.join(_METRIC_KEYS)}")
+    for key in ("makespan", "bubble_rate", "idle_fraction"):
+        _number(f"metrics.{key}", metrics_data[key])
+    for key in ("span", "peak_memory", "busy"):
+        for i, value in enumerate(_list(f"metrics.{key}", metrics_data[key])):
+            _number(f"metrics.{key}[{i}]", value)
+    return Metrics(**{k: metrics_data[k] for k in _METRIC_KEYS})
+
+
+def _op(where: str, row: Any) -> ScheduledOp:
+    row = _object(where, row)
+    for key in row:
+        if key not in _OP_KEYS:
+            raise ProblemError(f"{where}.{key}", f"unknown key; allowed: {', '.join(_OP_KEYS)}")
+    for key in ("op", "stage", "microbatch", "stream", "start", "end"):
+        if key not in row:
+            raise ProblemError(f"{where}.{key}", "missing; every op needs op, stage, "
+                               "microbatch, stream, start and end")  # fmt: skip
+    kinds, streams = [k.value for k in OpKind], [k.value for k in Stream]
+    if row["op"] not in kinds:
+        raise ProblemError(f"{where}.op", f"got {row['op']!r}; use one of {', '.join(kinds)}")
+    if row["stream"] not in streams:
+        raise ProblemError(
+            f"{where}.stream", f"got {row['stream']!r}; use one of {', '.join(streams)}"
+        )
+    return ScheduledOp(
+        kind=OpKind(row["op"]),
+        stage=_integer(f"{where}.stage", row["stage"]),
+        microbatch=_integer(f"{where}.microbatch", row["microbatch"]),
+        stream=Stream(row["stream"]),
+        start=_number(f"{where}.start", row["start"]),
+        end=_number(f"{where}.end", row["end"]),
+        fraction=_number(f"{where}.fraction", row.get("fraction", 1.0)),
+    )
 
 
 def schedule_from_dict(data: dict[str, Any]) -> Schedule:
+    """A schedule from its JSON object; every field is checked (one-line errors naming it)."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise ProblemError("format", f"expected {FORMAT!r}, got {got!r}; is this a schedule file?")
@@ -68,53 +181,31 @@ def schedule_from_dict(data: dict[str, Any]) -> Schedule:
         raise ProblemError(
             "version", f"got {data.get('version')!r}; this pp_opt reads version {VERSION}"
         )
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise ProblemError(
+                key, f"unknown key in a schedule file; allowed: {', '.join(_TOP_KEYS)}"
+            )
     for key in ("problem", "solver", "metrics", "devices"):
         if key not in data:
             raise ProblemError(key, "missing from the schedule file")
     problem = problem_from_dict(data["problem"])
-    solver_data = dict(data["solver"])
-    status = solver_data.pop("status", "feasible")
-    if status not in [s.value for s in Status]:
-        raise ProblemError("solver.status", f"got {status!r}; use one of {', '.join(Status)}")
-    solver = SolverInfo(
-        name=solver_data.pop("name", "?"),
-        status=Status(status),
-        objective=solver_data.pop("objective", 0.0),
-        lower_bound=solver_data.pop("lower_bound", None),
-        gap=solver_data.pop("gap", None),
-        seconds=solver_data.pop("seconds", 0.0),
-        extra=solver_data,
-    )
-    metrics_data = data["metrics"]
-    missing = [k for k in _METRIC_KEYS if k not in metrics_data]
-    if missing:
-        raise ProblemError(f"metrics.{missing[0]}", "missing from the schedule file")
-    metrics = Metrics(**{k: metrics_data[k] for k in _METRIC_KEYS})
+    solver = _solver_info(data["solver"])
+    metrics = _metrics(data["metrics"])
     ops = []
-    for d, dev in enumerate(data["devices"]):
-        for i, row in enumerate(dev.get("ops", [])):
+    for d, dev in enumerate(_list("devices", data["devices"])):
+        dev = _object(f"devices[{d}]", dev)
+        device = _integer(f"devices[{d}].device", dev.get("device", d))
+        for i, row in enumerate(_list(f"devices[{d}].ops", dev.get("ops", []))):
             where = f"devices[{d}].ops[{i}]"
-            try:
-                ops.append(
-                    ScheduledOp(
-                        kind=OpKind(row["op"]),
-                        stage=int(row["stage"]),
-                        microbatch=int(row["microbatch"]),
-                        stream=Stream(row["stream"]),
-                        start=row["start"],
-                        end=row["end"],
-                        fraction=row.get("fraction", 1.0),
-                    )
-                )
-            except (KeyError, ValueError, TypeError) as err:
-                raise ProblemError(where, f"malformed op ({err})") from None
+            ops.append(_op(where, row))
             if not 0 <= ops[-1].stage < problem.num_stages:
                 raise ProblemError(f"{where}.stage", f"outside 0..{problem.num_stages - 1}")
-            if problem.device_of(ops[-1].stage) != dev.get("device", d):
+            if problem.device_of(ops[-1].stage) != device:
                 raise ProblemError(
                     f"{where}.stage",
                     f"stage {ops[-1].stage} runs on device {problem.device_of(ops[-1].stage)}, "
-                    f"not {dev.get('device', d)}; list the op under its own device",
+                    f"not {device}; list the op under its own device",
                 )
     # The file does not name its DAG variant: its op kinds do.
     variant = Variant.of_kinds((op.kind for op in ops), split_backward=problem.split_backward)
@@ -126,13 +217,20 @@ def schedule_from_dict(data: dict[str, Any]) -> Schedule:
 def loads_schedule(text: str) -> Schedule:
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, RecursionError) as err:
         raise ProblemError("", f"not valid JSON ({err})") from None
     return schedule_from_dict(data)
 
 
 def load_schedule(path: str | Path) -> Schedule:
+    if not isinstance(path, str | Path):
+        raise ProblemError("path", f"got {type(path).__name__}; give a file path")
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ProblemError("", f"{path}: no such file; give the path of a schedule JSON")
-    return loads_schedule(path.read_text())
+    try:
+        return loads_schedule(read_text(path, "schedule JSON"))
+    except ProblemError as err:
+        if err.field:
+            raise
+        raise ProblemError("", f"{path}: {err.message}") from None

@@ -152,24 +152,31 @@ def _device_waits(own: Sequence[ScheduledOp]) -> list[tuple[OpKey, OpKey]]:
     """Cross-stream waits of one device's ops (in execution order).
 
     For each op and each other stream of its device, the last op there that ended at or
-    before this op's start (earlier ones follow from the stream order): re-timing with
-    these never raises the memory peak nor the objective (every start can only move
-    earlier, and every free that preceded an allocation still precedes it).
+    before this op's start and comes before it in execution order (earlier ones follow
+    from the stream order): re-timing with these never raises the memory peak nor the
+    objective (every start can only move earlier, and every free that preceded an
+    allocation still precedes it). Waits only point forward in execution order, so
+    zero-time ops (copies of a problem without copy costs) that start and end at the
+    same instant never wait on each other in a cycle.
     """
     by_stream: dict[Stream, list[ScheduledOp]] = {}
     for op in own:
         by_stream.setdefault(op.stream, []).append(op)
     if len(by_stream) < 2:
         return []
+    position = {id(op): i for i, op in enumerate(own)}
     # Per stream, its ops sorted by end (stable: ties keep execution order) and the ends.
     ended = {stream: sorted(ops, key=lambda o: o.end) for stream, ops in by_stream.items()}
     ends = {stream: [o.end for o in ops] for stream, ops in ended.items()}
     waits = []
     for op in own:
+        here = position[id(op)]
         for stream, others in ended.items():
             if stream is op.stream:
                 continue
             count = bisect_right(ends[stream], op.start)
+            while count and position[id(others[count - 1])] > here:
+                count -= 1  # ends at op's start but runs after it: a zero-time op
             if count:
                 # The first op (in execution order) among those ending last before op.
                 latest = bisect_left(ends[stream], ends[stream][count - 1])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from pp_opt.ops import OpKey, Stream
+from pp_opt.ops import OpKey, OpKind, Stream
 from pp_opt.order import Order, Variant
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule
@@ -34,3 +34,19 @@ def timed(
 ) -> Schedule:
     """:func:`pp_opt.simulator.simulate` of :func:`order`."""
     return simulate(order(problem, streams, fractions=fractions, waits=waits))
+
+
+def overtaking_schedule(problem: Problem) -> Schedule:
+    """1F1B-like order on p = 2 where the last stage runs F(1, 1) before F(1, 0): valid
+    for the DAG, but PyTorch's runtime then fails with 'Loss for microbatch 1 is not
+    available'."""
+    m = problem.m
+    dev0 = [OpKey(OpKind.F, 0, j) for j in range(m)] + [
+        OpKey(k, 0, j) for j in range(m) for k in (OpKind.B, OpKind.W)
+    ]
+    last = [1, 0, *range(2, m)]
+    dev1 = [OpKey(OpKind.F, 1, j) for j in last] + [
+        OpKey(k, 1, j) for j in last for k in (OpKind.B, OpKind.W)
+    ]
+    streams = {(0, Stream.COMPUTE): dev0, (1, Stream.COMPUTE): dev1}
+    return simulate(Order(problem=problem, streams=streams, variant=Variant(True, False, False)))

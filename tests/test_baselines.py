@@ -189,9 +189,10 @@ def test_infeasible_names_the_cap_it_needs() -> None:
         baseline("1f1b", problem)
     assert caught.value.min_cap == pytest.approx(6.0)
     assert str(caught.value) == (
-        "1f1b needs 6 (activation + static) on device 0 but its cap is 5; raise cap to at least 6"
+        "1f1b needs 6 (activation + static) on device 0 but its cap is 5; raise cap to at least "
+        "6 (unit: M_B, one activation)"
     )
-    assert caught.value.describe(flag).endswith("raise --cap to at least 6")  # as the CLI says
+    assert "raise --cap to at least 6 " in caught.value.describe(flag)  # as the CLI says
     raised = problem.replace(devices=tuple(Device(cap=6.0, static=2.0) for _ in range(4)))
     assert fits_cap(baseline("1f1b", raised))
 

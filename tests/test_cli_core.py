@@ -23,7 +23,7 @@ m_w = 0.5
     [
         ("p = 2\nm = 4\n[stage]\nt_f = 1.0\nt_b = 1.0\n", "stage.t_w: missing"),
         (GOOD.replace("t_w = 1.0", "t_w = -1.0"), "stage.t_w: got -1; it must be 0 or more"),
-        (GOOD + "\n[device]\ncap = 1.0\nstatic = 2.0\n", "device.cap: got 1 < static memory"),
+        (GOOD + "\n[device]\ncap = 1.0\nstatic = 2.0\n", "raise --cap to at least 3 (unit: M_B"),
         (GOOD.replace("p = 2", "p = 2\nplacement = 'v'\nv = 3"), "v: got 3"),
         (GOOD.replace("p = 2", "p = 2\nspeed = 3"), "speed: unknown key"),
         (GOOD.replace("m = 4", "m = 'four'"), "m: got 'four'; expected an integer"),
@@ -49,8 +49,9 @@ def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """Finding 10: a usage error is bad input (exit 1), not click's 2 ("infeasible" here)."""
     code, _, err = run(["frobnicate"], capsys)
-    assert code == 2
+    assert code == 1
     assert "No such command" in err
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pp_opt.errors import ProblemError
+from pp_opt.errors import InfeasibleError, ProblemError
 from pp_opt.placement import stage_devices
 from pp_opt.problem import Device, Stage, uniform_problem
 from pp_opt.problem_io import problem_from_dict, problem_from_spec, problem_to_dict, resplit
@@ -58,7 +58,6 @@ def test_spec_defaults_cap_to_2p_activations() -> None:
         ({"colour": "red"}, "colour"),
         ({"stage": {"t_f": 1.0, "t_b": 1.0}}, "stage.t_w"),
         ({"stage": {**SPEC["stage"], "t_x": 1.0}}, "stage.t_x"),
-        ({"device": {"cap": 1.0, "static": 3.0}}, "device.cap"),
         ({"p": "two"}, "p"),
         ({"placement": [0, 0]}, "placement"),
         ({"host_links": [[0, 5]]}, "host_links"),
@@ -69,6 +68,16 @@ def test_spec_errors(change: dict, field: str) -> None:
     with pytest.raises(ProblemError) as err:
         problem_from_spec({**SPEC, **change})
     assert err.value.field == field
+
+
+def test_cap_below_static_is_infeasible_with_the_minimum() -> None:
+    """Finding 10: a cap below the static memory is an infeasible cap (exit 2) that says the
+    smallest cap that works, not a bad-input error without it."""
+    with pytest.raises(InfeasibleError) as err:
+        problem_from_spec({**SPEC, "device": {"cap": 1.0, "static": 3.0}})
+    assert err.value.exit_code == 2
+    assert err.value.min_cap == pytest.approx(3.0 + 1.0)  # static + one activation
+    assert "at least 4 " in str(err.value)
 
 
 def test_dict_round_trip() -> None:

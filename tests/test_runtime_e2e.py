@@ -23,6 +23,7 @@ torch = pytest.importorskip(
     reason="PyTorch is not installed; pp_opt.runtime needs it (pip install 'pp-opt[torch]')",
 )
 
+from order_helpers import overtaking_schedule  # noqa: E402
 from torch_pipeline_helpers import (  # noqa: E402
     make_batch,
     make_model,
@@ -37,6 +38,7 @@ from pp_opt.ops import OpKind  # noqa: E402
 from pp_opt.orders import baseline  # noqa: E402
 from pp_opt.problem import Problem, uniform_problem  # noqa: E402
 from pp_opt.runtime import ActivationOffloader, build_pipeline_schedule, check_stages  # noqa: E402
+from pp_opt.runtime_rules import in_runtime_order  # noqa: E402
 from pp_opt.schedule import Schedule  # noqa: E402
 from pp_opt.schedule_io import dumps_schedule, save_schedule  # noqa: E402
 from pp_opt.solvers import solve  # noqa: E402
@@ -76,6 +78,20 @@ CASES_P2: dict[str, SchedulesBuilder] = {
         offload=[(0, 0), (0, 1), (0, 2), (1, 0), (1, 3)],
     ),
     "offload-cpsat": lambda: cpsat(with_copy_costs(uniform_problem(p=2, m=4, t_comm=0.1, cap=1.5))),
+    # Issue 11, finding 11: solved offload schedules (both models, the runtimes' order rule)
+    # and an overtaking order renumbered for the runtime.
+    "milp-offload-allowed": lambda: (
+        solve(
+            with_copy_costs(uniform_problem(p=2, m=4, t_comm=0.1, cap=1.5)),
+            solver="milp",
+            time_limit=5,
+            threads=1,
+            seed=0,
+        ).schedule
+    ),  # fmt: skip
+    "overtaking-renumbered": lambda: in_runtime_order(
+        overtaking_schedule(uniform_problem(p=2, m=4, t_comm=0.1))
+    ),
 }
 CASES_P4: dict[str, SchedulesBuilder] = {
     "1f1b": lambda: baseline("1f1b", uniform_problem(p=4, m=4, t_comm=0.1)),

@@ -53,7 +53,7 @@ def test_round_trip_is_byte_identical() -> None:
         (lambda d: d.update(format="other"), "format"),
         (lambda d: d.update(version=99), "version"),
         (lambda d: d.pop("metrics"), "metrics"),
-        (lambda d: d["devices"][0]["ops"][0].update(op="JUMP"), "devices[0].ops[0]"),
+        (lambda d: d["devices"][0]["ops"][0].update(op="JUMP"), "devices[0].ops[0].op"),
         (lambda d: d["problem"]["stages"][0].update(t_f=-1), "problem.stages[0].t_f"),
         (lambda d: d["devices"][1]["ops"][0].update(stage=0), "devices[1].ops[0].stage"),
     ],

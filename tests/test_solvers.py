@@ -174,7 +174,7 @@ def test_cli_infeasible_cap_exits_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["solve", str(spec), "--cap", "0.5", "--quiet"])
     assert info.value.code == 2
-    assert "raise --cap to 1" in capsys.readouterr().err
+    assert "raise --cap to at least 1 (unit: M_B" in capsys.readouterr().err
     out = tmp_path / "s.json"
     try:
         main(["solve", str(spec), "--time-limit", "2", "--quiet", "-o", str(out)])

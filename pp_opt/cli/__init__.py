@@ -7,12 +7,15 @@ import sys
 
 import typer
 
+from pp_opt.cli import exit_codes
 from pp_opt.cli.common import flag
+from pp_opt.cli.output import reset, say
 from pp_opt.errors import PPOptError
 
 app = typer.Typer(
     name="pp-opt",
     help="Pipeline-parallel schedule optimizer: profile, solve, compare, validate, export.",
+    epilog=exit_codes.EPILOG,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -30,15 +33,45 @@ for _name in _COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 
 
+def _click_exceptions() -> tuple[type[Exception], type[Exception] | None]:
+    """``(ClickException, NoArgsIsHelpError)`` of the click typer runs on: its own copy
+    (typer >= 0.23) or the click package. Usage errors are click exceptions too."""
+    try:
+        from typer._click import exceptions as found
+    except ImportError:  # older typer, on click itself
+        import click.exceptions as found  # type: ignore[no-redef]
+    return found.ClickException, getattr(found, "NoArgsIsHelpError", None)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: errors pp_opt raises on purpose become one line and a non-zero exit.
+    """Entry point: every outcome becomes one line and its exit code (:mod:`.exit_codes`).
 
     Library errors name Python arguments; here they name the flags
-    (:data:`pp_opt.cli.common.FLAGS`).
-    Usage errors are typer's own (exit 2); anything else is a bug and keeps its traceback.
+    (:data:`pp_opt.cli.common.FLAGS`). Usage errors (unknown flag, missing argument) exit
+    1 like any bad input, not click's 2 (that is "infeasible" here). SIGINT and SIGTERM
+    stop a running search, which keeps and saves its best schedule (exit 130); a second
+    one aborts. Anything else is a bug and keeps its traceback.
     """
+    from pp_opt.solvers.interrupt import stop_on_signals
+
+    click_error, no_args = _click_exceptions()
+    reset()
     try:
-        app(args=argv, prog_name="pp-opt")
+        with stop_on_signals():
+            code = app(args=argv, prog_name="pp-opt", standalone_mode=False)
     except PPOptError as err:
-        typer.echo(f"error: {err.describe(flag)}", err=True)
+        say(f"error: {err.describe(flag)}", err=True)
         sys.exit(err.exit_code)
+    except click_error as err:
+        if no_args is not None and isinstance(err, no_args):  # bare ``pp-opt``: the help
+            ctx = getattr(err, "ctx", None)
+            say(ctx.get_help() if ctx is not None else "")
+            sys.exit(exit_codes.OK)
+        err.show()  # type: ignore[attr-defined]
+        sys.exit(exit_codes.BAD_INPUT)
+    except (typer.Abort, KeyboardInterrupt):
+        say("interrupted", err=True)
+        sys.exit(exit_codes.INTERRUPTED)
+    except BrokenPipeError:
+        sys.exit(exit_codes.OK)
+    sys.exit(code if isinstance(code, int) else exit_codes.OK)

@@ -9,11 +9,13 @@ import typer
 from pp_opt.errors import ProblemError
 from pp_opt.problem import Device, Problem
 from pp_opt.problem_io import load_problem, resplit
+from pp_opt.schedule import Schedule
 
 FLAGS = {
     "bytes_per_param": "--bytes-per-param",
     "cap": "--cap",
     "drop_offload": "--drop-offload",
+    "force": "--force",
     "format": "--format",
     "hardware": "--hardware",
     "layers": "--layers",
@@ -25,6 +27,7 @@ FLAGS = {
     "objective": "--objective",
     "offload": "--offload",
     "output": "--output",
+    "path": "--output",
     "placement": "--placement",
     "pp": "--pp",
     "recompute": "--recompute",
@@ -36,6 +39,7 @@ FLAGS = {
     "time_limit": "--time-limit",
     "tp": "--tp",
     "v": "--v",
+    "width": "--width",
 }
 """The flag (or argument) of each library argument name, for one-line errors."""
 
@@ -55,6 +59,24 @@ VppAlias = typer.Option(None, "--vpp", hidden=True, help="Former name of --v.")
 ObjectiveOption = typer.Option(None, "--objective", help="makespan or span.")
 QuietOption = typer.Option(False, "--quiet", "-q", help="No progress output.")
 LayersOption = typer.Option(None, "--layers", help="Layers per stage, e.g. 2,3,3,2.")
+ForceOption = typer.Option(
+    False, "--force", help="Write or show the schedule even if it is invalid (loudly)."
+)
+
+
+def checked_for_output(schedule: Schedule, *, force: bool, action: str) -> None:
+    """Refuse an invalid schedule (exit 1, first violation named) unless ``--force``, which
+    prints a loud warning instead."""
+    from pp_opt.cli.output import say
+    from pp_opt.validator import require_valid
+
+    violations = require_valid(schedule, force=force, action=action)
+    if violations:
+        more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
+        say(
+            f"WARNING: {action} of an INVALID schedule forced by --force: {violations[0]}{more}",
+            err=True,
+        )
 
 
 def layers_per_stage(text: str | None) -> list[int] | None:
@@ -109,8 +131,21 @@ def apply_overrides(
     """The problem with the cap of every device and the switches the user gave replaced."""
     changes: dict[str, object] = {}
     if cap is not None:
+        _check_cap_above_static(problem, cap)
         changes["devices"] = tuple(Device(cap=cap, static=d.static) for d in problem.devices)
     for name, value in (("objective", objective), ("offload", offload), ("recompute", recompute)):
         if value is not None:
             changes[name] = value
     return problem.replace(**changes) if changes else problem
+
+
+def _check_cap_above_static(problem: Problem, cap: float) -> None:
+    """A ``--cap`` below some device's static memory is infeasible: say the cap that works."""
+    from pp_opt.bounds import device_min_memory
+    from pp_opt.errors import InfeasibleError
+
+    short = [d for d, device in enumerate(problem.devices) if cap < device.static]
+    if short:
+        need = device_min_memory(problem)
+        raise InfeasibleError(device=short[0], need=need[short[0]], cap=cap, min_cap=max(need),
+                              unit=problem.unit)  # fmt: skip

@@ -6,15 +6,19 @@ from pathlib import Path
 
 import typer
 
+from pp_opt.atomic import check_writable
 from pp_opt.cli.common import (
     CapOption,
     ChunksAlias,
+    ForceOption,
     ObjectiveOption,
     PlacementOption,
     VOption,
+    checked_for_output,
     chunks_per_device,
     problem_with_overrides,
 )
+from pp_opt.cli.output import say
 
 
 def baseline(
@@ -31,17 +35,20 @@ def baseline(
     from pp_opt.orders import baseline as run_baseline
     from pp_opt.report import metrics_table
 
+    if output is not None:
+        check_writable(output)
     problem = problem_with_overrides(
         problem_path, cap=cap, placement=placement, v=chunks_per_device(v, chunks=chunks),
         objective=objective,
     )  # fmt: skip
-    schedule = run_baseline(name, problem)
-    typer.echo(metrics_table(schedule))
+    schedule = run_baseline(name, problem)  # validated
     if output is not None:
         from pp_opt.schedule_io import save_schedule
 
         save_schedule(schedule, output)
-        typer.echo(f"wrote {output}")
+    say(metrics_table(schedule))
+    if output is not None:
+        say(f"wrote {output}")
 
 
 def validate(
@@ -54,11 +61,11 @@ def validate(
     schedule = load_schedule(schedule_path)
     violations = check(schedule)
     if violations:
-        typer.echo(f"{schedule_path}: INVALID, {len(violations)} violation(s):")
+        say(f"{schedule_path}: INVALID, {len(violations)} violation(s):")
         for violation in violations:
-            typer.echo(f"  - {violation}")
+            say(f"  - {violation}")
         raise typer.Exit(1)
-    typer.echo(
+    say(
         f"{schedule_path}: valid ({len(schedule.ops)} ops, makespan "
         f"{schedule.metrics.makespan:.6g}, peak memory {max(schedule.metrics.peak_memory):.6g})"
     )
@@ -66,16 +73,20 @@ def validate(
 
 def show(
     schedule_path: Path = typer.Argument(..., metavar="SCHEDULE", help="Schedule JSON."),
-    width: int = typer.Option(100, "--width", help="Columns of the Gantt chart."),
+    width: int = typer.Option(100, "--width", help="Columns of the Gantt chart (10 to 10000)."),
+    force: bool = ForceOption,
 ) -> None:
-    """Print a schedule's metrics and a Gantt chart drawn in the terminal."""
+    """Print a schedule's metrics and a Gantt chart drawn in the terminal (valid ones only,
+    unless --force)."""
     from pp_opt.report import metrics_table, text_gantt
     from pp_opt.schedule_io import load_schedule
 
     schedule = load_schedule(schedule_path)
-    typer.echo(metrics_table(schedule))
-    typer.echo("")
-    typer.echo(text_gantt(schedule, width=width))
+    gantt = text_gantt(schedule, width=width)  # checks --width first
+    checked_for_output(schedule, force=force, action="show")
+    say(metrics_table(schedule))
+    say("")
+    say(gantt)
 
 
 def register(app: typer.Typer) -> None:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from pp_opt.cli.common import ForceOption, checked_for_output
+from pp_opt.cli.output import say
 from pp_opt.errors import ProblemError
 
 
@@ -27,8 +29,13 @@ def export(
         help="torch-csv: write the compute order of an offload schedule without its copies "
         "(plain PyTorch then keeps every activation on the GPU).",
     ),
+    force: bool = ForceOption,
 ) -> None:
-    """Export a schedule: PyTorch pipelining CSV, Chrome/Perfetto trace, or a Gantt picture."""
+    """Export a schedule: PyTorch pipelining CSV, Chrome/Perfetto trace, or a Gantt picture.
+
+    The schedule is validated first: an invalid one is refused (first violation named)
+    unless --force. The file is written whole or not at all."""
+    from pp_opt.atomic import check_writable
     from pp_opt.export import default_output, format_for
     from pp_opt.export import export as write
     from pp_opt.schedule_io import load_schedule
@@ -37,10 +44,12 @@ def export(
     out = output if output is not None else default_output(schedule_path, fmt)
     if out.resolve() == schedule_path.resolve():
         raise ProblemError("output", f"{out} is the schedule itself; choose another file")
+    check_writable(out)
     schedule = load_schedule(schedule_path)
+    checked_for_output(schedule, force=force, action="export")
     options = {"drop_offload": drop_offload} if fmt.startswith("torch-csv") else {}
-    write(schedule, fmt, out, **options)
-    typer.echo(f"wrote {out} ({fmt})")
+    write(schedule, fmt, out, force=force, **options)
+    say(f"wrote {out} ({fmt})")
 
 
 def register(app: typer.Typer) -> None:

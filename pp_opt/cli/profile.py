@@ -8,7 +8,9 @@ from pathlib import Path
 
 import typer
 
+from pp_opt.atomic import check_writable, write_text
 from pp_opt.cli.common import LayersOption, VppAlias, chunks_per_device, layers_per_stage
+from pp_opt.cli.output import say
 
 
 def profile(
@@ -40,6 +42,8 @@ def profile(
     from pp_opt.profiler import profile_costs
     from pp_opt.profiler.costs import costs_table
 
+    if output is not None:
+        check_writable(output)
     chunks = chunks_per_device(v, vpp=vpp) or 1
     card = None if hardware is None else str(hardware)  # None: 'cpu' when measuring on a CPU
     data = profile_costs(
@@ -48,10 +52,11 @@ def profile(
         measure=measure, recompute=recompute, bytes_per_param=bytes_per_param, repeats=repeats,
         threads=threads, warmup=warmup, concurrent=concurrent,
     )  # fmt: skip
-    typer.echo(costs_table(data))
     if output is not None:
-        output.write_text(json.dumps(data, indent=1) + "\n")
-        typer.echo(f"wrote {output}")
+        write_text(output, json.dumps(data, indent=1) + "\n")
+    say(costs_table(data))
+    if output is not None:
+        say(f"wrote {output}")
 
 
 def models() -> None:
@@ -61,7 +66,7 @@ def models() -> None:
     infos = card_infos()
     width = max(len(info.name) for info in infos)
     for info in infos:
-        typer.echo(f"{info.name:<{width}}  {info.kind:<8}  {info.description}")
+        say(f"{info.name:<{width}}  {info.kind:<8}  {info.description}")
 
 
 def register(app: typer.Typer) -> None:

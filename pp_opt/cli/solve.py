@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from pp_opt.atomic import check_writable
+from pp_opt.cli import exit_codes
 from pp_opt.cli.common import (
     CapOption,
     ChunksAlias,
@@ -22,10 +25,12 @@ from pp_opt.cli.common import (
     layers_per_stage,
     problem_with_overrides,
 )
-from pp_opt.errors import PPOptError, ProblemError
+from pp_opt.cli.output import say
+from pp_opt.errors import Interrupted, OutputError, PPOptError, ProblemError, TimeLimitError
 from pp_opt.problem import Problem
-from pp_opt.schedule import Schedule
+from pp_opt.schedule import Schedule, Status
 from pp_opt.solvers.base import Progress
+from pp_opt.solvers.result import SolveResult
 
 SolverOption = typer.Option("cpsat", "--solver", help="cpsat, milp (CBC) or milp-highs.")
 TimeLimitOption = typer.Option(60.0, "--time-limit", help="Seconds the solver may use.")
@@ -45,7 +50,7 @@ def _progress_printer(quiet: bool) -> Callable[[Progress], None] | None:
             gap = f"{max(0.0, (update.objective - update.bound) / update.objective):.2%}"
         bound = "-" if update.bound is None else f"{update.bound:.6g}"
         incumbent = "-" if update.objective is None else f"{update.objective:.6g}"
-        typer.echo(f"{update.seconds:8.2f} s  incumbent {incumbent}  bound {bound}  gap {gap}")
+        say(f"{update.seconds:8.2f} s  incumbent {incumbent}  bound {bound}  gap {gap}")
 
     return show
 
@@ -118,42 +123,91 @@ def solve(
     layers: str | None = LayersOption,
     measure: bool = typer.Option(False, "--measure", help="Measure costs with PyTorch."),
 ) -> None:
-    """Find the best schedule under the memory caps (never worse than a classic one)."""
-    from pp_opt.report import metrics_table
-    from pp_opt.solvers import solve as run_solver
+    """Find the best schedule under the memory caps (never worse than a classic one).
 
+    Ctrl-C or SIGTERM stops the search and writes the best schedule found so far (exit
+    130); a second one aborts. The output path is checked before solving.
+    """
+    from pp_opt.report import metrics_table
+
+    if output is not None:
+        check_writable(output)
     profile = dict(model=model, hardware=hardware, pp=pp, microbatches=microbatches,
                    mbs=mbs, seq=seq, tp=tp, layers=layers_per_stage(layers),
                    measure=measure)  # fmt: skip
     chunks_v = chunks_per_device(v, chunks=chunks, vpp=vpp)
     problem = _load(problem_path, profile=profile, cap=cap, placement=placement, v=chunks_v,
                     objective=objective, offload=offload, recompute=recompute)  # fmt: skip
-    result = run_solver(
-        problem, solver=solver, time_limit=time_limit, threads=threads, seed=seed,
-        objective=objective, progress=_progress_printer(quiet),
-    )  # fmt: skip
+    result = _run_solver(problem, solver=solver, time_limit=time_limit, threads=threads,
+                         seed=seed, objective=objective, quiet=quiet)  # fmt: skip
+    if output is not None:  # first: a closed stdout or a second Ctrl-C must not lose it
+        _save(result.schedule, output)
     if not quiet:
         warm = result.warm_start
-        typer.echo(
-            "warm start   " + ("none" if warm is None else f"{warm.name} ({warm.objective:.6g})")
-        )
-        typer.echo(metrics_table(result.schedule))
+        say("warm start   " + ("none" if warm is None else f"{warm.name} ({warm.objective:.6g})"))
+        say(metrics_table(result.schedule))
     else:
-        typer.echo(
+        say(
             f"{result.status} {result.objective:.6g} (bound {result.lower_bound:.6g}, "
             f"gap {result.gap:.2%}, {result.seconds:.1f} s)"
         )
     if output is not None:
-        from pp_opt.schedule_io import save_schedule
+        say(f"wrote {output}")
+    _say_how_it_ended(result.schedule, time_limit, wrote=output is not None)
 
-        save_schedule(result.schedule, output)
-        typer.echo(f"wrote {output}")
+
+def _save(schedule: Schedule, output: Path) -> None:
+    """Save the solved schedule; if the write fails (a full disk), save it in the temporary
+    folder instead and say where, so a long solve is never lost (exit 4 all the same)."""
+    import tempfile
+
+    from pp_opt.schedule_io import dumps_schedule, save_schedule
+
+    try:
+        save_schedule(schedule, output)
+    except OutputError as err:
+        try:
+            fd, rescue = tempfile.mkstemp(prefix="pp-opt-schedule-", suffix=".json")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(dumps_schedule(schedule))
+        except OSError:
+            raise err from None
+        raise OutputError(err.field, f"{err.message}; the schedule was saved to {rescue}") from None
+
+
+def _run_solver(problem: Problem, *, quiet: bool, **options: Any) -> SolveResult:
+    """The solver's result; "interrupted" (exit 130) rather than "time limit" (exit 3)
+    when a signal ended the run before any schedule was found."""
+    from pp_opt.solvers import solve as run_solver
+    from pp_opt.solvers.interrupt import stop_requested
+
+    try:
+        return run_solver(problem, progress=_progress_printer(quiet), **options)
+    except TimeLimitError:
+        reason = stop_requested()
+        if reason is not None:
+            raise Interrupted(f"{reason} before any schedule was found; nothing written") from None
+        raise
+
+
+def _say_how_it_ended(schedule: Schedule, time_limit: float, *, wrote: bool) -> None:
+    """Say plainly when the run was interrupted (then exit 130) or stopped by its time
+    limit before proving optimality."""
+    from pp_opt.solvers.interrupt import stop_requested
+
+    reason = stop_requested()
+    if reason is not None:
+        kept = "wrote the best schedule found so far" if wrote else "best schedule shown above"
+        say(f"{reason}: {kept}", err=True)
+        raise typer.Exit(exit_codes.INTERRUPTED)
+    if schedule.solver.status is Status.FEASIBLE:
+        say(f"time limit ({time_limit:g} s): best schedule kept, not proved optimal", err=True)
 
 
 def compare_rows(problem: Problem, result_schedule: Schedule | None = None) -> list[list[str]]:
     """One row per classic schedule (or why it has none), then the solver's if given."""
     from pp_opt.cli.common import flag
-    from pp_opt.errors import InfeasibleError
+    from pp_opt.errors import InfeasibleError, ceil_significant
     from pp_opt.orders import baseline, baseline_names
     from pp_opt.orders.common import same_placement
 
@@ -162,7 +216,7 @@ def compare_rows(problem: Problem, result_schedule: Schedule | None = None) -> l
         try:
             schedule = baseline(name, problem)
         except InfeasibleError as err:
-            rows.append([name, f"over cap (needs {err.min_cap:.4g})"])
+            rows.append([name, f"over cap (needs {ceil_significant(err.min_cap, 4)})"])
             continue
         except PPOptError as err:
             rows.append([name, f"n/a: {err.describe(flag)}"[:60]])
@@ -200,25 +254,24 @@ def compare(
     quiet: bool = QuietOption,
 ) -> None:
     """A table of every classic schedule and the solver: makespan, span, bubble, memory, gap."""
-    from pp_opt.solvers import solve as run_solver
-
     problem = problem_with_overrides(
         problem_path, cap=cap, placement=placement, v=chunks_per_device(v, chunks=chunks),
         objective=objective, offload=offload, recompute=recompute,
     )  # fmt: skip
-    result = run_solver(problem, solver=solver, time_limit=time_limit, threads=threads,
-                        seed=seed, progress=_progress_printer(quiet))  # fmt: skip
+    result = _run_solver(problem, solver=solver, time_limit=time_limit, threads=threads,
+                         seed=seed, quiet=quiet)  # fmt: skip
     header = ["schedule", "makespan", "span", "bubble", "peak mem", "gap"]
     rows = [header] + compare_rows(problem, result.schedule)
     widths = [max(len(r[i]) for r in rows if len(r) > i) for i in range(len(header))]
-    typer.echo(f"objective {problem.objective}, lower bound {result.lower_bound:.6g}")
+    say(f"objective {problem.objective}, lower bound {result.lower_bound:.6g}")
     for row in rows:
         if len(row) == 2:
-            typer.echo(f"{row[0]:<{widths[0]}}  {row[1]}")
+            say(f"{row[0]:<{widths[0]}}  {row[1]}")
         else:
             cells = [row[0].ljust(widths[0])]
             cells += [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
-            typer.echo("  ".join(cells))
+            say("  ".join(cells))
+    _say_how_it_ended(result.schedule, time_limit, wrote=False)
 
 
 def register(app: typer.Typer) -> None:

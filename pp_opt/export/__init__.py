@@ -54,7 +54,9 @@ _OPTIONS = {
 """Keyword options each format takes."""
 
 
-def export(schedule: Schedule, format: str, path: str | Path, **options: Any) -> Path:
+def export(
+    schedule: Schedule, format: str, path: str | Path, *, force: bool = False, **options: Any
+) -> Path:
     """Write ``schedule`` to ``path`` in ``format``.
 
     Parameters
@@ -68,6 +70,10 @@ def export(schedule: Schedule, format: str, path: str | Path, **options: Any) ->
         chart with memory over time). :func:`format_for` infers it from a path.
     path
         File to write.
+    force
+        Write an invalid schedule anyway (with a logged warning). Without it, an invalid
+        schedule raises :class:`~pp_opt.validator.ValidationError` naming its first
+        violation, and nothing is written.
     **options
         ``drop_offload`` (CSV: write the compute order of an offload schedule, without
         its copies), ``time_unit_us`` (trace: microseconds per problem time unit),
@@ -76,14 +82,23 @@ def export(schedule: Schedule, format: str, path: str | Path, **options: Any) ->
     Returns
     -------
     Path
-        ``path``.
+        ``path``. The file is written whole or not at all (:mod:`pp_opt.atomic`).
     """
+    from pp_opt.schedule_io import require_schedule
+
+    require_schedule("schedule", schedule)
+    if not isinstance(format, str):
+        raise ProblemError("format", f"got {format!r}; use one of {', '.join(FORMATS)}")
+    if not isinstance(path, str | Path):
+        raise ProblemError("path", f"got {type(path).__name__}; give a file path")
+    if not isinstance(force, bool):
+        raise ProblemError("force", f"got {force!r}; expected True or False")
     fmt = format_for(None, format)
     allowed = _OPTIONS[fmt]
     for name in options:
         if name not in allowed:
             raise ProblemError(name, f"not an option of {fmt}; it takes {', '.join(allowed)}")
-    _WRITERS[fmt](schedule, Path(path), options)
+    _WRITERS[fmt](schedule, Path(path), {**options, "force": force})
     return Path(path)
 
 

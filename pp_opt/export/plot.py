@@ -155,19 +155,31 @@ def plot_memory(
 
 
 def save_figure(
-    schedule: Schedule, path: str | Path, *, format: str | None = None, dpi: int = 150
+    schedule: Schedule,
+    path: str | Path,
+    *,
+    format: str | None = None,
+    dpi: int = 150,
+    force: bool = False,
 ) -> None:
     """Write the Gantt chart with the memory plot under it to ``path``.
 
     The file format comes from ``format`` or else the path's suffix
-    (``.png``, ``.svg`` or ``.pdf``).
+    (``.png``, ``.svg`` or ``.pdf``). The schedule is validated first (``force`` draws
+    an invalid one anyway, with a warning); the file is written whole or not at all.
     """
+    from pp_opt.atomic import write_with
+    from pp_opt.validator import require_valid
+
+    if isinstance(dpi, bool) or not isinstance(dpi, int | float) or not 10 <= dpi <= 2400:
+        raise ProblemError("dpi", f"got {dpi!r}; give dots per inch between 10 and 2400")
     path = Path(path)
     fmt = (format or path.suffix.lstrip(".")).lower()
     if fmt not in FIGURE_FORMATS:
         raise ProblemError(
             "format", f"cannot draw {fmt or path.name!r}; use a .png, .svg or .pdf path"
         )
+    require_valid(schedule, force=force, action="export")
     fig = _new_figure(schedule)
     gantt, memory = fig.axes
     plot_schedule(schedule, gantt, title=False)
@@ -176,8 +188,11 @@ def save_figure(
     fig.suptitle(title_line(schedule), fontsize=11)
     from matplotlib import rc_context
 
-    with rc_context({"svg.fonttype": "none"}):  # SVG text stays text: smaller, searchable
-        fig.savefig(path, format=fmt, dpi=dpi)
+    def draw(name: str) -> None:
+        with rc_context({"svg.fonttype": "none"}):  # SVG text stays text: smaller, searchable
+            fig.savefig(name, format=fmt, dpi=dpi)
+
+    write_with(path, draw, field="path")
 
 
 def title_line(schedule: Schedule) -> str:

@@ -71,6 +71,8 @@ def torch_csv_rows(
         by default this raises; ``True`` writes its compute order without them
         (the activations then stay on the GPU) and logs a warning.
     """
+    if not isinstance(drop_offload, bool):
+        raise ProblemError("drop_offload", f"got {drop_offload!r}; expected True or False")
     _refuse_offload(schedule, drop_offload)
     actions = torch_actions(schedule, format=format, with_offload=False)
     return [[str(a) for a in actions[rank]] for rank in range(schedule.problem.p)]
@@ -82,14 +84,21 @@ def write_torch_csv(
     *,
     format: str = "compute_only",
     drop_offload: bool = False,
+    force: bool = False,
 ) -> None:
     """Write :func:`torch_csv_rows` to ``path`` for ``_PipelineScheduleRuntime._load_csv``.
 
     Load it with the same ``format`` and with ``n_microbatches`` equal to the
-    schedule's ``m``; each stage must live on the rank the schedule gives it.
+    schedule's ``m``; each stage must live on the rank the schedule gives it. The
+    schedule is validated first (``force`` writes an invalid one anyway, with a
+    warning); the file is written whole or not at all.
     """
+    from pp_opt.atomic import atomic_write
+    from pp_opt.validator import require_valid
+
+    require_valid(schedule, force=force, action="export")
     rows = torch_csv_rows(schedule, format=format, drop_offload=drop_offload)
-    with open(path, "w", newline="") as f:
+    with atomic_write(path, newline="", field="path") as f:
         csv.writer(f).writerows(rows)
 
 

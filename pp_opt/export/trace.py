@@ -61,7 +61,11 @@ def trace_events(schedule: Schedule, *, time_unit_us: float = TIME_UNIT_US) -> d
         JSON-ready: metadata events first, then one ``X`` event per op in each
         device's execution order, then the memory counters.
     """
-    if not time_unit_us > 0:
+    if (
+        isinstance(time_unit_us, bool)
+        or not isinstance(time_unit_us, int | float)
+        or not 0 < time_unit_us < float("inf")
+    ):
         raise ProblemError("time_unit_us", f"got {time_unit_us!r}; it must be greater than 0")
     events: list[dict[str, Any]] = []
     by_device = schedule.by_device()
@@ -79,11 +83,23 @@ def trace_events(schedule: Schedule, *, time_unit_us: float = TIME_UNIT_US) -> d
 
 
 def write_trace(
-    schedule: Schedule, path: str | Path, *, time_unit_us: float = TIME_UNIT_US
+    schedule: Schedule,
+    path: str | Path,
+    *,
+    time_unit_us: float = TIME_UNIT_US,
+    force: bool = False,
 ) -> None:
-    """Write :func:`trace_events` as JSON to ``path`` (open it in https://ui.perfetto.dev)."""
+    """Write :func:`trace_events` as JSON to ``path`` (open it in https://ui.perfetto.dev).
+
+    The schedule is validated first (``force`` writes an invalid one anyway, with a
+    warning); the file is written whole or not at all.
+    """
+    from pp_opt.atomic import write_text
+    from pp_opt.validator import require_valid
+
+    require_valid(schedule, force=force, action="export")
     text = json.dumps(trace_events(schedule, time_unit_us=time_unit_us), separators=(",", ":"))
-    Path(path).write_text(text + "\n")
+    write_text(path, text + "\n", field="path")
 
 
 def _metadata_events(device: int, streams: set[Stream]) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from pp_opt.errors import InfeasibleError
 from pp_opt.orders.registry import REGISTRY, get
 from pp_opt.orders.warm_starts import candidates
 from pp_opt.problem import Problem
+from pp_opt.runtime_rules import in_runtime_order
 from pp_opt.schedule import Schedule, SolverInfo, Status
 from pp_opt.simulator import simulate
 from pp_opt.validator import ValidationError, check_schedule
@@ -74,7 +75,8 @@ def baseline(name: str, problem: Problem) -> Schedule:
     info = SolverInfo(name=name, status=Status.HEURISTIC, objective=0.0)
     if order.settings:
         info.extra["settings"] = dict(order.settings)
-    schedule = simulate(order, solver=info)
+    # Numbered as the runtimes need (pp_opt.runtime_rules); same times and memory.
+    schedule = in_runtime_order(simulate(order, solver=info))
     info.seconds = time.perf_counter() - started
     if order.problem is not problem:
         info.extra["resplit"] = {"placement": order.problem.placement, "v": order.problem.v}
@@ -118,7 +120,8 @@ def _infeasible(name: str, schedule: Schedule) -> InfeasibleError:
     peaks, devices = schedule.metrics.peak_memory, schedule.problem.devices
     rows = cap_shortfall(schedule) or [(d, peaks[d], devices[d].cap) for d in range(len(peaks))]
     device, peak, cap = max(rows, key=lambda row: row[1] - row[2])
-    return InfeasibleError(device=device, need=peak, cap=cap, min_cap=max(peaks), schedule=name)
+    return InfeasibleError(device=device, need=peak, cap=cap, min_cap=max(peaks), schedule=name,
+                           unit=schedule.problem.unit)  # fmt: skip
 
 
 def _with_lower_bound(schedule: Schedule) -> Schedule:

@@ -22,6 +22,7 @@ from pp_opt.orders.offload_links import with_link_offloads
 from pp_opt.orders.offload_warm import roomy, with_offloads
 from pp_opt.orders.registry import REGISTRY, Entry
 from pp_opt.problem import Problem
+from pp_opt.runtime_rules import in_runtime_order
 from pp_opt.schedule import Schedule, SolverInfo, Status
 from pp_opt.simulator import simulate
 
@@ -110,6 +111,8 @@ def candidates(
                     )
             except PPOptError as err:
                 log.debug("offload warm start from %s skipped: %s", name, err)
+            except Exception as err:  # a failing warm start must never sink the solve
+                log.warning("offload warm start from %s failed (%s); skipped", name, err)
     found.sort(key=lambda item: (item[0], item[1]))
     return [candidate for _, _, candidate in found]
 
@@ -129,6 +132,9 @@ def _generate(
     except PPOptError as err:
         log.debug("warm start %s skipped: %s", name, err)
         return None
+    except Exception as err:  # a failing warm start must never sink the solve
+        log.warning("warm start %s failed (%s: %s); skipped", name, type(err).__name__, err)
+        return None
     return order
 
 
@@ -140,6 +146,9 @@ def _keep(
         schedule = simulate(order, solver=_info(name, order))
     except PPOptError as err:
         log.debug("warm start %s skipped: %s", name, err)
+        return
+    except Exception as err:  # a failing warm start must never sink the solve
+        log.warning("warm start %s failed (%s: %s); skipped", name, type(err).__name__, err)
         return
     _keep_schedule(found, rank, schedule, problem, name)
 
@@ -155,6 +164,8 @@ def _keep_schedule(
     if not fits(problem, schedule):
         log.debug("warm start %s is over the caps", name)
         return
+    # Numbered as the runtimes need (pp_opt.runtime_rules); same times and memory.
+    schedule = in_runtime_order(schedule)
     found.append((schedule.objective_value(), rank, Candidate(name, schedule)))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pp_opt.arguments import integer
 from pp_opt.compat import renamed
 from pp_opt.errors import ProblemError
 from pp_opt.problem import Problem
@@ -95,6 +96,10 @@ def profile_costs(
         Former name of ``v`` (deprecated).
     """
     v = renamed("vpp", vpp, "v", v)
+    integer("repeats", repeats, low=1, high=100_000)
+    integer("warmup", warmup, low=0, high=100_000)
+    if threads is not None:
+        integer("threads", threads, low=1, high=1024)
     card = load_model_card(model)
     hw = load_hardware_card(_default_hardware(hardware, measure))
     layout = make_layout(

@@ -8,6 +8,7 @@ silently using a default.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
@@ -16,6 +17,7 @@ from typing import Any, TypeVar
 
 from pp_opt.cards import card_infos, card_names, card_text
 from pp_opt.errors import ProblemError
+from pp_opt.limits import MAX_VALUE
 
 Card = TypeVar("Card", "ModelCard", "HardwareCard")
 
@@ -60,6 +62,10 @@ class ModelCard:
     """``learned`` position embeddings (``s x h`` table) or ``rope`` (no parameters)."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ProblemError("model.name", f"got {self.name!r}; expected a string")
+        if not isinstance(self.bias, bool):
+            raise ProblemError("model.bias", f"got {self.bias!r}; expected true or false")
         for key in ("layers", "hidden", "heads", "vocab", "seq"):
             _positive_int(f"model.{key}", getattr(self, key))
         for key in ("kv_heads", "ffn"):
@@ -77,7 +83,11 @@ class ModelCard:
         _choice("model.attention", self.attention, ("eager", "flash"))
         _choice("model.dtype", self.dtype, tuple(DTYPE_BYTES))
         _choice("model.position", self.position, ("learned", "rope"))
-        if not isinstance(self.dropout, int | float) or not 0.0 <= self.dropout < 1.0:
+        if (
+            isinstance(self.dropout, bool)
+            or not isinstance(self.dropout, int | float)
+            or not 0.0 <= self.dropout < 1.0
+        ):
             raise ProblemError("model.dropout", f"got {self.dropout!r}; expected 0 <= dropout < 1")
 
     @property
@@ -137,12 +147,18 @@ class HardwareCard:
     """Memory kept free of the cap: CUDA context, communication buffers, fragmentation."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ProblemError("hardware.name", f"got {self.name!r}; expected a string")
         for f in fields(self):
             if f.name == "name":
                 continue
             value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ProblemError(f"hardware.{f.name}", f"got {value!r}; expected a number >= 0")
+            if not math.isfinite(value) or value < 0 or value > MAX_VALUE:
+                raise ProblemError(
+                    f"hardware.{f.name}", f"got {value!r}; expected a finite number >= 0"
+                )
         for key in ("peak_tflops", "gemm_efficiency", "hbm_gib", "hbm_gbs", "hbm_efficiency"):
             if getattr(self, key) <= 0:
                 raise ProblemError(f"hardware.{key}", "must be greater than 0")
@@ -173,6 +189,8 @@ class HardwareCard:
 def _positive_int(field: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ProblemError(field, f"got {value!r}; expected an integer >= 1")
+    if value > MAX_VALUE:
+        raise ProblemError(field, f"got {value}; expected at most {MAX_VALUE:g}")
 
 
 def _choice(field: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -202,9 +220,13 @@ def _card_from(kind: str, cls: type[Card], data: Mapping[str, Any], default_name
 
 def _read_card(kind: str, where: str | Path) -> tuple[dict[str, Any], str]:
     """A card's keys and name: from a file at ``where``, else the bundled card of that name."""
+    if not isinstance(where, str | Path):
+        raise ProblemError(kind, f"got {type(where).__name__}; give a card path or name")
     path = Path(where)
     if path.is_file():
-        text, stem = path.read_text(encoding="utf-8"), path.stem
+        from pp_opt.problem_io import read_text
+
+        text, stem = read_text(path, f"{kind} card .toml"), path.stem
     else:
         bundled = card_text(str(where)) if isinstance(where, str) else None
         if bundled is None:
@@ -215,7 +237,7 @@ def _read_card(kind: str, where: str | Path) -> tuple[dict[str, Any], str]:
         text, stem = bundled, str(where)
     try:
         return tomllib.loads(text), stem
-    except tomllib.TOMLDecodeError as err:
+    except (tomllib.TOMLDecodeError, RecursionError) as err:
         raise ProblemError(kind, f"{where}: not valid TOML ({err})") from None
 
 

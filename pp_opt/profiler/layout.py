@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pp_opt.arguments import number
 from pp_opt.errors import ProblemError
+from pp_opt.limits import check_size
 from pp_opt.placement import stage_devices
 from pp_opt.profiler.cards import ModelCard
 from pp_opt.profiler.formulas import RECOMPUTE_MODES
@@ -116,6 +118,8 @@ def make_layout(
             raise ProblemError(name, f"got {value!r}; expected an integer >= 1")
     if placement == "v" and v == 1:
         v = 2
+    check_size(p=pp, v=v, m=microbatches, stages=pp * v)
+    number("bytes_per_param", bytes_per_param, low=0.0, high=1024.0)
     stage_devices(placement, pp, v)  # checks placement and v
     if card.heads % tp or card.num_kv_heads % tp:
         ok = [t for t in _divisors(card.num_kv_heads)]

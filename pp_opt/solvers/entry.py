@@ -16,14 +16,16 @@ from functools import partial
 
 import networkx as nx
 
+from pp_opt.arguments import check_solve
 from pp_opt.bounds import check_caps, lower_bound
 from pp_opt.dag import dag_for
-from pp_opt.errors import PPOptError, ProblemError
+from pp_opt.errors import PPOptError, ProblemError, TimeLimitError
 from pp_opt.metrics import compute_metrics
 from pp_opt.order import Variant
 from pp_opt.orders import candidates
 from pp_opt.orders.common import same_placement
 from pp_opt.problem import OBJECTIVES, Problem
+from pp_opt.runtime_rules import in_runtime_order
 from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo, Status
 from pp_opt.simulator import retime
 from pp_opt.solvers.base import BackendResult, Progress, ProgressCallback, SolveOptions
@@ -103,9 +105,9 @@ def solve(
         For a bad argument, or when nothing was found within ``time_limit``.
     """
     started = time.perf_counter()
-    end = started + time_limit
     problem, options = _prepare(problem, solver, time_limit, threads, seed, objective,
-                                progress, offload_fractions)  # fmt: skip
+                                progress, offload_fractions, warm_start)  # fmt: skip
+    end = started + time_limit
     fractions = options.offload_fractions
     check_caps(problem, fractions if problem.offload else ())
     warm = _warm_start(problem, warm_start, fractions, started + WARM_START_SHARE * time_limit)
@@ -125,12 +127,17 @@ def solve(
     if warm is not None and (found is None or _value(warm[1]) < _value(found) - 1e-9):
         chosen = warm[1]
     if chosen is None:
-        raise ProblemError(
+        raise TimeLimitError(
             "time_limit",
             f"{solver} found no schedule in {time_limit:g} s ({result.status}); raise it",
         )
     windows = improvements = 0
-    if search and not _proved(_value(chosen), bound) and end - time.perf_counter() > 0.3:
+    if (
+        search
+        and not _proved(_value(chosen), bound)
+        and end - time.perf_counter() > 0.3
+        and not _stopped(options)
+    ):
         chosen, windows, improvements = _improve(chosen, options, end, bound, started)
     value = _value(chosen)
     bound = min(bound, value)
@@ -170,7 +177,11 @@ def _prepare(
     objective: str | None,
     progress: ProgressCallback | None,
     offload_fractions: Sequence[float],
+    warm_start: bool | Schedule = True,
 ) -> tuple[Problem, SolveOptions]:
+    check_solve(problem=problem, time_limit=time_limit, threads=threads, seed=seed,
+                warm_start=warm_start, progress=progress,
+                offload_fractions=offload_fractions)  # fmt: skip
     if solver not in SOLVERS:
         raise ProblemError("solver", f"unknown {solver!r}; use one of {', '.join(SOLVERS)}")
     objective = objective or problem.objective
@@ -186,9 +197,36 @@ def _prepare(
     if objective != problem.objective:
         problem = problem.replace(objective=objective)
     options = SolveOptions(time_limit=time_limit, threads=threads, seed=seed,
-                           objective=objective, progress=progress,
+                           objective=objective,
+                           progress=None if progress is None else _Reporter(progress),
                            offload_fractions=fractions)  # fmt: skip
     return problem, options
+
+
+class _Reporter:
+    """The caller's progress callback, remembering whether it ever raised: a search it
+    stopped that way is over for the whole solve (no later phase calls it again)."""
+
+    def __init__(self, progress: ProgressCallback) -> None:
+        self.progress = progress
+        self.failed = False
+
+    def __call__(self, update: Progress) -> None:
+        if self.failed:
+            return
+        try:
+            self.progress(update)
+        except BaseException:
+            self.failed = True
+            raise
+
+
+def _stopped(options: SolveOptions) -> bool:
+    """Whether a signal or a failing progress callback ended the search already."""
+    from pp_opt.solvers.interrupt import stop_requested
+
+    failed = isinstance(options.progress, _Reporter) and options.progress.failed
+    return failed or stop_requested() is not None
 
 
 def _value(schedule: Schedule) -> float:
@@ -220,7 +258,7 @@ def _warm_start(
     given = Schedule(problem=problem, ops=warm_start.ops, solver=warm_start.solver,
                      metrics=compute_metrics(problem, warm_start.ops),
                      variant=warm_start.variant)  # fmt: skip
-    return "given", check_schedule(retime(given))
+    return "given", check_schedule(in_runtime_order(retime(given)))
 
 
 def _proved(value: float, bound: float) -> bool:
@@ -258,18 +296,20 @@ def _improve(
 ) -> tuple[Schedule, int, int]:
     """The large-neighbourhood search from ``schedule`` until ``end``, reporting progress;
     also the windows it tried and how many improved the schedule."""
+    from pp_opt.solvers.interrupt import guarded, running_search
     from pp_opt.solvers.lns import SearchStats, improve  # OR-Tools loads slowly
 
     stats = SearchStats()
-    report = options.progress
+    with running_search() as search:
+        report = guarded(options.progress, search)
 
-    def on_improve(better: Schedule) -> None:
-        if report is not None:
-            report(Progress(seconds=time.perf_counter() - started, objective=_value(better),
-                            bound=bound))  # fmt: skip
+        def on_improve(better: Schedule) -> None:
+            if report is not None:
+                report(Progress(seconds=time.perf_counter() - started, objective=_value(better),
+                                bound=bound))  # fmt: skip
 
-    best = improve(schedule, deadline=end, threads=options.threads, seed=options.seed,
-                   on_improve=on_improve, stats=stats)  # fmt: skip
+        best = improve(schedule, deadline=end, threads=options.threads, seed=options.seed,
+                       on_improve=on_improve, stats=stats, search=search)  # fmt: skip
     return best, stats.windows, stats.improvements
 
 

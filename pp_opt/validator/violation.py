@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pp_opt.errors import PPOptError
 from pp_opt.ops import OpKey
+
+
+def _as_is(name: str) -> str:
+    return name
+
 
 RULES: dict[str, str] = {
     "duplicate": "an op appears more than once",
@@ -25,7 +30,10 @@ RULES: dict[str, str] = {
     "recompute_disabled": "R ops in a problem that does not allow recompute",
     "offload_and_recompute": "one activation is both offloaded and recomputed",
     "offload_window": "an OFFLOAD outside the window from its F's end to its backward's start",
+    "runtime_order": "the last stage's forwards are not in microbatch order, which PyTorch's "
+    "pipeline runtime needs (pp_opt.runtime_rules)",
     "metrics": "the schedule's stored metrics disagree with what its ops imply",
+    "lower_bound": "the stored lower bound is above the schedule's own objective",
 }
 """Every rule name the validator uses, with what it means."""
 
@@ -63,10 +71,22 @@ class Violation:
 
 
 class ValidationError(PPOptError):
-    """A schedule broke a rule of DESIGN.md; ``violations`` lists each one."""
+    """A schedule broke a rule of DESIGN.md; ``violations`` lists each one.
 
-    def __init__(self, violations: Sequence[Violation]) -> None:
+    ``action`` (``export``, ``save``, ``show``) is set when the error refuses to hand the
+    schedule out; the message then says how to do it anyway (``force``).
+    """
+
+    def __init__(self, violations: Sequence[Violation], *, action: str | None = None) -> None:
         self.violations = list(violations)
-        head = "; ".join(str(v) for v in violations[:3])
-        more = f" (and {len(violations) - 3} more)" if len(violations) > 3 else ""
-        super().__init__(f"invalid schedule: {head}{more}")
+        self.action = action
+        super().__init__(self.describe())
+
+    def describe(self, name: Callable[[str], str] = _as_is) -> str:
+        first = self.violations[0] if self.violations else "no violation listed"
+        count = len(self.violations)
+        more = f" (and {count - 1} more)" if count > 1 else ""
+        text = f"invalid schedule: {first}{more}"
+        if self.action:
+            text += f"; refusing to {self.action} it ({name('force')} to {self.action} anyway)"
+        return text

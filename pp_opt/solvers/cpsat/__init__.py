@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import networkx as nx
@@ -14,9 +15,10 @@ from ortools.sat.python import cp_model
 
 from pp_opt.problem import Problem
 from pp_opt.schedule import Status
-from pp_opt.solvers.base import BackendResult, OutOfTime, Progress, SolveOptions
+from pp_opt.solvers.base import BackendResult, OutOfTime, Progress, ProgressCallback, SolveOptions
 from pp_opt.solvers.cpsat.model import build_model
 from pp_opt.solvers.cpsat.solution import STATUS, read_ops
+from pp_opt.solvers.interrupt import Search, guarded, handling_signals, running_search
 
 __all__ = ["solve_cpsat"]
 
@@ -30,7 +32,17 @@ def solve_cpsat(problem: Problem, dag: nx.DiGraph, options: SolveOptions) -> Bac
     returned carry those rounded times divided back, and the API re-times their
     order with the exact durations. The search is deterministic for a given seed
     and thread count (``interleave_search``) unless the time limit cuts it short.
+    A signal (:mod:`pp_opt.solvers.interrupt`) or a progress callback that raises
+    ends the search early with its best schedule; the callback's error never
+    reaches OR-Tools.
     """
+    with running_search() as search:
+        return _solve(problem, dag, options, search)
+
+
+def _solve(
+    problem: Problem, dag: nx.DiGraph, options: SolveOptions, search: Search
+) -> BackendResult:
     started = time.perf_counter()
     try:
         built = build_model(problem, dag, options, deadline=started + options.time_limit)
@@ -40,14 +52,26 @@ def solve_cpsat(problem: Problem, dag: nx.DiGraph, options: SolveOptions) -> Bac
         return BackendResult(
             status=Status.TIMEOUT, objective=None, bound=None, seconds=seconds, ops=None
         )
+    if search.stopped:  # asked to stop before the search began: the warm start stands
+        return BackendResult(status=Status.TIMEOUT, objective=None, bound=None,
+                             seconds=time.perf_counter() - started, ops=None)  # fmt: skip
     solver = cp_model.CpSolver()
     params = solver.parameters
     params.max_time_in_seconds = max(0.01, options.time_limit - (time.perf_counter() - started))
     params.num_workers = max(1, options.threads)
     params.random_seed = options.seed
     params.interleave_search = options.threads > 1
-    callback = _ProgressCallback(options, built.scaling.time, started, built.objective)
-    code = solver.solve(built.model, callback)
+    if handling_signals():  # the command line's handler stops the search (and says so)
+        params.catch_sigint_signal = False
+    callback = _ProgressCallback(
+        guarded(options.progress, search), search, built.scaling.time, started, built.objective
+    )
+    solved = threading.Event()
+    search.on_stop(lambda: _stop_soon(solver, solved))
+    try:
+        code = solver.solve(built.model, callback)
+    finally:
+        solved.set()
     seconds = time.perf_counter() - started
     status = STATUS.get(code)
     if status is None:
@@ -66,26 +90,56 @@ def solve_cpsat(problem: Problem, dag: nx.DiGraph, options: SolveOptions) -> Bac
     )
 
 
+STOP_DELAY = 0.25
+"""Seconds between a stop request and ``stop_search``. OR-Tools 9.15 aborts the process
+(``Check failed: solution->size() == postsolve_mapping.size()``) when the search is stopped
+while its first solution is being reported, with ``interleave_search`` and a hint (our
+default); stopping a moment later is safe."""
+
+
+def _stop_soon(solver: cp_model.CpSolver, solved: threading.Event) -> None:
+    """Stop the search from another thread after :data:`STOP_DELAY`, again every half
+    second until ``solve`` has returned (a stop before the search has started is lost)."""
+
+    def stop() -> None:
+        delay = STOP_DELAY
+        while not solved.wait(delay):
+            solver.stop_search()
+            delay = 0.5
+
+    threading.Thread(target=stop, daemon=True).start()
+
+
 class _ProgressCallback(cp_model.CpSolverSolutionCallback):
+    """Reports each incumbent; never lets an exception unwind into OR-Tools."""
+
     def __init__(
         self,
-        options: SolveOptions,
+        report: ProgressCallback | None,
+        search: Search,
         scale: float,
         started: float,
         obj: cp_model.IntVar,
     ) -> None:
         super().__init__()
         self._obj = obj
-        self._report = options.progress
+        self._report = report
+        self._search = search
         self._scale = scale
         self._started = started
 
     def on_solution_callback(self) -> None:
-        if self._report is not None:
-            self._report(
-                Progress(
-                    seconds=time.perf_counter() - self._started,
-                    objective=self.value(self._obj) / self._scale,
-                    bound=self.best_objective_bound / self._scale,
+        try:
+            if self._search.stopped:  # stopping: no more reports (the stop is on its way)
+                return
+            if self._report is not None:
+                self._report(
+                    Progress(
+                        seconds=time.perf_counter() - self._started,
+                        objective=self.value(self._obj) / self._scale,
+                        bound=self.best_objective_bound / self._scale,
+                    )
                 )
-            )
+        except BaseException as err:  # an exception here would abort the process
+            log.warning("cpsat solution callback failed: %s", err)
+            self._search.stop(f"solution callback failed: {err}")

@@ -8,6 +8,7 @@ import networkx as nx
 from ortools.sat.python import cp_model
 
 from pp_opt.ops import OpKey, OpKind, Stream, memory_delta
+from pp_opt.runtime_rules import loss_stage, runtime_chains
 from pp_opt.solvers.cpsat.variables import OpRef, OpVar, Variables
 
 
@@ -146,31 +147,39 @@ def add_memory(model: cp_model.CpModel, v: Variables) -> None:
                 per_device[device][0].append(interval)
                 per_device[device][1].append(demand)
     for device, (intervals, demands) in per_device.items():
-        dev = v.problem.devices[device]
-        capacity = v.scaling.cap(dev.cap - dev.static)
+        capacity = v.scaling.cap(v.problem.activation_room(device))
         model.add_cumulative(intervals, demands, capacity)
+
+
+def add_runtime_order(model: cp_model.CpModel, v: Variables) -> None:
+    """The runtimes' order rules (:func:`pp_opt.runtime_rules.runtime_chains`)."""
+    for a, b in runtime_chains(v.problem):
+        first, then = v.ops.get(a), v.ops.get(b)
+        if first is not None and then is not None:
+            model.add(first.end <= then.start)
 
 
 def add_symmetry_breaking(model: cp_model.CpModel, v: Variables) -> None:
     """Microbatches in order, where that loses no optimum.
 
     Microbatches are interchangeable, so renumbering them by the start of their
-    stage-0 forward keeps every schedule valid: ``F(0, j)`` before ``F(0, j + 1)``
-    is always safe. Without offload and recompute every activation of a stage
-    has the same costs and the same memory events, so each op kind can be
+    forward on any one stage keeps every schedule valid: ``F(S-1, j)`` before
+    ``F(S-1, j + 1)`` on the last stage is always safe (it is also what the runtimes
+    need, :mod:`pp_opt.runtime_rules`). Without offload and recompute every activation
+    of a stage has the same costs and the same memory events, so each op kind can be
     renumbered on each stage by its own order: the k-th ``F`` on stage ``s`` starts
     after k forwards of stage ``s - 1`` ended (each waits for its own), so after
     the k-th of them; likewise for backwards (from stage ``s + 1``, or the
     forwards on the last stage) and for ``W`` after ``B``. Memory only counts how
     many forwards started and backwards ended, which renumbering keeps. With
     offload or recompute, activations differ in their choice, so only the
-    stage-0 forwards are ordered.
+    last stage's forwards are ordered (one renumbering, the runtimes' own).
     """
     p = v.problem
-    stages = range(p.num_stages)
+    stages: range = range(p.num_stages)
     kinds = [OpKind.F, OpKind.B, OpKind.W, OpKind.BW]
     if v.offloads or any(k.kind is OpKind.R for k in v.ops):
-        stages, kinds = range(1), [OpKind.F]
+        stages, kinds = range(loss_stage(p), loss_stage(p) + 1), [OpKind.F]
     for s in stages:
         for kind in kinds:
             chain = [v.ops.get(OpKey(kind, s, j)) for j in range(p.m)]

@@ -20,6 +20,7 @@ from pp_opt.solvers.cpsat.constraints import (
     add_memory,
     add_no_overlap,
     add_precedences,
+    add_runtime_order,
     add_symmetry_breaking,
 )
 from pp_opt.solvers.cpsat.objective import add_objective
@@ -66,10 +67,12 @@ def build_model(
     model = cp_model.CpModel()
     v = create_variables(model, problem, dag, scaling, horizon=horizon, fractions=fractions)
     # Constraint families, in this order: the choice per activation, the DAG
-    # precedences, one op per stream, the memory caps, then symmetry breaking.
+    # precedences, the runtimes' order rules, one op per stream, the memory caps, then
+    # symmetry breaking.
     add_choices(model, v)
     check_time(deadline)
     add_precedences(model, v, dag)
+    add_runtime_order(model, v)
     check_time(deadline)
     add_no_overlap(model, v)
     check_time(deadline)

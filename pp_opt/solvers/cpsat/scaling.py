@@ -70,7 +70,7 @@ def choose_scaling(problem: Problem, fractions: Iterable[float] = (1.0,)) -> Sca
     time_exact = time_scale is not None
     if time_scale is None:
         time_scale = _TIME_RESOLUTION / min(positive)
-    mems = [d.cap - d.static for d in problem.devices]
+    mems = [problem.activation_room(d) for d in range(problem.p)]
     for st in problem.stages:
         mems += [st.m_b, st.m_w, st.m_in, st.m_b - st.m_w, st.m_b - st.m_in]
         mems += [a * st.m_b for a in fractions]

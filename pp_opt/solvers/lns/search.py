@@ -21,11 +21,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ortools.sat.python.cp_model import CpSolver
+
 from pp_opt.errors import PPOptError
 from pp_opt.metrics import compute_metrics
 from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo
 from pp_opt.simulator import order_of, retime
 from pp_opt.solvers.cpsat.scaling import choose_scaling
+from pp_opt.solvers.interrupt import Search
 from pp_opt.solvers.lns.submodel import solve_window
 from pp_opt.solvers.lns.window import cut_window
 from pp_opt.validator import check_schedule
@@ -55,10 +58,12 @@ def improve(
     step_limit: float = 2.0,
     on_improve: Improved | None = None,
     stats: SearchStats | None = None,
+    search: Search | None = None,
 ) -> Schedule:
     """The best schedule found from ``schedule`` by ``deadline`` (``time.perf_counter()``).
 
-    ``schedule`` must be valid; so is every schedule this returns.
+    ``schedule`` must be valid; so is every schedule this returns. ``search``
+    (:mod:`pp_opt.solvers.interrupt`) ends it early when asked to stop.
     """
     started = time.perf_counter()
     stats = stats if stats is not None else SearchStats()
@@ -71,9 +76,17 @@ def improve(
     size = window_ops
     position = 0
     stale = 0  # windows in a row without a gain
+    running: list[CpSolver] = []
+    if search is not None:
+
+        def stop_running() -> None:
+            for solver in list(running):
+                solver.stop_search()
+
+        search.on_stop(stop_running)
     while True:
         left = deadline - time.perf_counter()
-        if left < 0.05:
+        if left < 0.05 or (search is not None and search.stopped):
             break
         starts = sorted(op.start for op in best.ops)
         n = len(starts)
@@ -86,7 +99,7 @@ def improve(
         stats.windows += 1
         result = solve_window(best, window, scaling, waits=order_of(best).waits,
                               time_limit=min(step_limit, left), threads=threads,
-                              seed=seed + stats.windows)  # fmt: skip
+                              seed=seed + stats.windows, running=running)  # fmt: skip
         gained = False
         if result is not None and result.objective < best.objective_value(objective) - 1e-9:
             candidate = _accepted(best, result.ops)

@@ -34,6 +34,7 @@ from ortools.sat.python import cp_model
 from pp_opt.dag import dag_for
 from pp_opt.ops import OpKey, OpKind, Stream, duration
 from pp_opt.problem import Problem
+from pp_opt.runtime_rules import runtime_chains
 from pp_opt.schedule import Schedule, ScheduledOp
 from pp_opt.solvers.cpsat.scaling import Scaling
 from pp_opt.solvers.lifetimes import activation_events, match_lifetimes
@@ -183,13 +184,16 @@ class _Builder:
         self.model.add(self.end_of(u) + latency <= self.start_of(w))
 
     def precedences(self) -> None:
+        """Every DAG edge, and the runtime's order rules (:mod:`pp_opt.runtime_rules`)."""
         dag = dag_for(self.problem, self.schedule.variant)
-        for u, w, lat in dag.edges(data="latency"):
+        edges = [(u, w, self.scaling.t(lat)) for u, w, lat in dag.edges(data="latency")]
+        edges += [(u, w, 0) for u, w in runtime_chains(self.problem)]
+        for u, w, latency in edges:
             if u not in self.ops or w not in self.ops:
                 continue  # an optional op this schedule does not have
             if self.part(w) == "fixed":
                 continue  # so is u: the old schedule already orders them
-            self._keep_before(u, w, self.scaling.t(lat))
+            self._keep_before(u, w, latency)
 
     def shifts(self) -> None:
         """Rigid tails: the shift pairs the DAG and the orders bound, the cuts they follow."""
@@ -244,8 +248,8 @@ class _Builder:
                     per_device[device][0].append(interval)
                     per_device[device][1].append(demand)
         for device, (intervals, demands) in per_device.items():
-            dev = p.devices[device]
-            self.model.add_cumulative(intervals, demands, self.scaling.cap(dev.cap - dev.static))
+            room = self.scaling.cap(p.activation_room(device))
+            self.model.add_cumulative(intervals, demands, room)
 
     def objective(self, objective: str, current: int) -> cp_model.IntVar:
         horizon = 8 * self.top
@@ -321,10 +325,12 @@ def solve_window(
     time_limit: float,
     threads: int,
     seed: int,
+    running: list[cp_model.CpSolver] | None = None,
 ) -> WindowResult | None:
     """Re-place the free ops of ``window`` and retime its tail; None if nothing was found.
 
     ``waits`` are the old schedule's cross-stream waits (:func:`pp_opt.simulator.order_of`).
+    The solver is in ``running`` while it runs, so that a stop request can reach it.
     """
     b = _Builder(schedule, window, scaling, waits)
     objective = schedule.problem.objective
@@ -335,7 +341,13 @@ def solve_window(
     params.max_time_in_seconds = max(0.01, time_limit)
     params.num_workers = max(1, threads)
     params.random_seed = seed
-    code = solver.solve(b.model)
+    if running is not None:
+        running.append(solver)
+    try:
+        code = solver.solve(b.model)
+    finally:
+        if running is not None:
+            running.remove(solver)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         log.debug("window [%g, %g): %s", window.start, window.end, solver.status_name(code))
         return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import networkx as nx
 
@@ -21,6 +22,7 @@ from pp_opt.ops import OpKind
 from pp_opt.problem import Problem
 from pp_opt.schedule import ScheduledOp, Status
 from pp_opt.solvers.base import BackendResult, OutOfTime, Progress, SolveOptions
+from pp_opt.solvers.interrupt import Search, guarded, running_search
 from pp_opt.solvers.milp.backends import BACKENDS, RunOutcome, RunSettings, run_backend
 from pp_opt.solvers.milp.model import build_model
 from pp_opt.solvers.milp.solution import read_ops
@@ -71,6 +73,19 @@ def solve_milp(
     """
     if backend not in BACKENDS:
         raise ProblemError("backend", f"unknown {backend!r}; use one of {', '.join(BACKENDS)}")
+    with running_search() as search:
+        report = guarded(options.progress, search)
+        return _solve(problem, dag, replace(options, progress=report), backend, symmetry, search)
+
+
+def _solve(
+    problem: Problem,
+    dag: nx.DiGraph,
+    options: SolveOptions,
+    backend: str,
+    symmetry: bool,
+    search: Search,
+) -> BackendResult:
     started = time.monotonic()
     deadline = time.perf_counter() + options.time_limit
     warm = warm_ops(problem, dag, options.warm_start) if options.warm_start else None
@@ -100,8 +115,10 @@ def solve_milp(
         warm_start=values is not None,
         progress=options.progress,
         started=started,
+        search=search,
     )
-    if model is None or model.infeasible or time.monotonic() - started >= options.time_limit:
+    out_of_time = time.monotonic() - started >= options.time_limit
+    if model is None or model.infeasible or out_of_time or search.stopped:
         # No time left after building (part of) the model, or a cap that precedences
         # alone break.
         infeasible = model is not None and model.infeasible

@@ -10,12 +10,13 @@ import signal
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pulp
 
 from pp_opt.errors import ProblemError
 from pp_opt.solvers.base import Progress, ProgressCallback
+from pp_opt.solvers.interrupt import Search
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,9 @@ class RunSettings:
     progress: ProgressCallback | None = None
     started: float = 0.0
     """``time.monotonic()`` when the solve began (progress reports count from it)."""
+    search: Search = field(default_factory=Search)
+    """Asked to stop by a signal or a failing callback: CBC gets SIGINT (and keeps its
+    incumbent), HiGHS is cancelled."""
 
 
 def run_backend(lp: pulp.LpProblem, backend: str, settings: RunSettings) -> RunOutcome:
@@ -108,12 +112,14 @@ def _cbc_once(
     lp: pulp.LpProblem, settings: RunSettings, *, preprocess: bool
 ) -> tuple[str, pulp.PulpSolverError | None]:
     """One CBC run: its log, and the error if CBC crashed or was killed."""
+    if settings.search.stopped:
+        return "", pulp.PulpSolverError(f"not started: {settings.search.reason}")
     fd, log_path = tempfile.mkstemp(prefix="pp_opt_cbc_", suffix=".log")
     os.close(fd)
     watcher = _LogWatcher(log_path, settings) if settings.progress else None
     remaining = settings.time_limit - (time.monotonic() - settings.started)
     grace = max(2.0, 0.05 * settings.time_limit)
-    deadline = _Deadline(log_path, max(remaining, 0.1) + grace, grace)
+    deadline = _Deadline(log_path, max(remaining, 0.1) + grace, grace, settings.search)
     error = None
     try:
         if watcher:
@@ -122,6 +128,11 @@ def _cbc_once(
             lp.solve(_cbc_command(settings, log_path, preprocess=preprocess))
     except pulp.PulpSolverError as err:
         error = err
+    except BaseException:
+        # KeyboardInterrupt (no signal handler installed) or any other error: never
+        # leave CBC running on its own.
+        _signal_children(log_path, signal.SIGKILL)
+        raise
     finally:
         if watcher:
             watcher.stop()
@@ -132,16 +143,20 @@ def _cbc_once(
 
 
 class _Deadline:
-    """Interrupts CBC once it overruns its time limit by a grace period.
+    """Interrupts CBC once it overruns its time limit by a grace period, or when the
+    search is asked to stop (a signal, a failing progress callback).
 
     CBC checks its limit only between nodes and cut passes, so on big models it
     can run well past it. On SIGINT it stops as on its own limit and writes its
-    best solution. The CBC process is the child whose output goes to ``log_path``
-    (Linux ``/proc``; elsewhere this does nothing).
+    best solution; if it does not stop within the grace period it gets SIGKILL (its
+    incumbent is lost and the caller uses the warm start). The CBC process is the
+    child whose output goes to ``log_path`` (Linux ``/proc``; elsewhere only CBC's own
+    limit applies).
     """
 
-    def __init__(self, log_path: str, seconds: float, grace: float) -> None:
+    def __init__(self, log_path: str, seconds: float, grace: float, search: Search) -> None:
         self._log_path, self._seconds, self._grace = log_path, seconds, grace
+        self._search = search
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._wait, daemon=True)
 
@@ -154,15 +169,27 @@ class _Deadline:
         self._thread.join()
 
     def _wait(self) -> None:
-        # SIGINT first (CBC keeps its incumbent); if CBC does not stop within the same
-        # grace again, SIGKILL (its incumbent is lost and the caller uses the warm start).
-        for sig, wait in ((signal.SIGINT, self._seconds), (signal.SIGKILL, self._grace)):
-            if self._stop.wait(wait):
+        limit = time.monotonic() + self._seconds
+        interrupted_at: float | None = None
+        while not self._stop.wait(0.1):
+            now = time.monotonic()
+            if interrupted_at is None and (now >= limit or self._search.stopped):
+                why = self._search.reason or "CBC overran its time limit"
+                if _signal_children(self._log_path, signal.SIGINT, why):
+                    interrupted_at = now
+            elif interrupted_at is not None and now >= interrupted_at + self._grace:
+                _signal_children(self._log_path, signal.SIGKILL, "CBC did not stop")
                 return
-            for pid in _children_writing_to(self._log_path):
-                log.warning("CBC overran its time limit; sending %s to pid %d", sig.name, pid)
-                with contextlib.suppress(OSError):
-                    os.kill(pid, sig)
+
+
+def _signal_children(path: str, sig: signal.Signals, why: str = "") -> bool:
+    """Send ``sig`` to the CBC child writing to ``path``; whether there was one."""
+    pids = _children_writing_to(path)
+    for pid in pids:
+        log.info("%s; sending %s to CBC (pid %d)", why or "stopping", sig.name, pid)
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)
+    return bool(pids)
 
 
 def _children_writing_to(path: str) -> list[int]:
@@ -266,7 +293,10 @@ class _WarmHiGHS(pulp.HiGHS):  # type: ignore[misc]  # PuLP has no type hints
         if self._settings.progress is not None:
             highs.cbMipImprovingSolution.subscribe(self._report)
             highs.cbMipLogging.subscribe(self._report)
-        highs.run()
+        highs.HandleUserInterrupt = True  # a stop request (signal, failing callback) cancels
+        self._settings.search.on_stop(highs.cancelSolve)
+        if not self._settings.search.stopped:
+            highs.run()
 
     def _report(self, event: object) -> None:
         out = event.data_out  # type: ignore[attr-defined]

@@ -52,10 +52,12 @@ def precedence(model: MilpModel) -> None:
 def symmetry(model: MilpModel) -> None:
     """Microbatches in order where that loses no optimum (the same rule as the CP-SAT model).
 
-    Microbatches are interchangeable, so renumbering them by the start of their
-    stage-0 forward keeps every schedule valid: ``F(0, j)`` before ``F(0, j + 1)``
-    is always safe. Without offload and recompute every activation of a stage has
-    the same costs and memory events, so each kind (``F``, ``B``, ``W``, ``BW``)
+    The chains also hold the runtimes' order rules (:mod:`pp_opt.runtime_rules`), kept
+    even without symmetry breaking. Microbatches are interchangeable, so renumbering
+    them by the start of their last-stage forward keeps every schedule valid:
+    ``F(S-1, j)`` before ``F(S-1, j + 1)`` is always safe (and the runtimes' rule).
+    Without offload and recompute every activation of a stage has the same costs and
+    memory events, so each kind (``F``, ``B``, ``W``, ``BW``)
     can be renumbered on each stage by its own order: give the k-th op in time the
     label k, keeping every time. Each DAG chain (``F`` of stage s-1 to ``F`` of s,
     ``B`` of s+1 to ``B`` of s, the last stage's ``F`` to its ``B``, ``B`` to ``W``)
@@ -63,7 +65,7 @@ def symmetry(model: MilpModel) -> None:
     sorting both sides keeps that (the k-th smallest of larger numbers is larger).
     Streams see the same busy intervals, and memory only counts how many ops of
     each kind started or ended on a stage. With offload or recompute activations
-    differ in their choice, so only the stage-0 forwards are ordered.
+    differ in their choice, so only the last stage's forwards are ordered.
     """
     ops = model.vars.ops
     for u, w in model.chains:
@@ -131,7 +133,7 @@ def memory(model: MilpModel) -> None:
         own = [o for o in model.vars.ops.values() if o.device == device]
         allocs = [o for o in own if o.key.kind in ALLOCATING]
         frees = [o for o in own if o.key.kind in FREEING]
-        budget = (problem.devices[device].cap - problem.devices[device].static) / unit
+        budget = problem.activation_room(device) / unit
         most = sum(_largest(allocated[o.key]) for o in allocs)
         if most <= budget + 1e-9:
             continue  # the cap can never bind on this device

@@ -19,6 +19,7 @@ import pp_opt.solvers.milp.constraints as constraints
 import pp_opt.solvers.milp.objective as objective
 from pp_opt.ops import OpKey, OpKind
 from pp_opt.problem import Problem
+from pp_opt.runtime_rules import loss_stage, runtime_chains
 from pp_opt.solvers.base import check_time
 from pp_opt.solvers.milp.variables import MilpModel, Variables, create_variables
 
@@ -56,6 +57,7 @@ def build_model(
         graph=nx.DiGraph(dag),
     )
     create_variables(model)
+    _add_runtime_edges(model)
     if symmetry:
         _add_symmetry_edges(model)
     _time_windows(model)
@@ -63,7 +65,7 @@ def build_model(
     # The constraint families, in this order (later ones reuse the binaries of earlier ones):
     constraints.activation_choice(model)  # keep, offload (one fraction) or recompute
     constraints.precedence(model)  # DAG edges with their latency
-    constraints.symmetry(model)  # same-kind ops of a stage in microbatch order
+    constraints.symmetry(model)  # runtime order rules; same-kind ops in microbatch order
     check_time(deadline)
     constraints.disjunctive(model)  # one op at a time per stream / shared host link
     check_time(deadline)
@@ -73,19 +75,36 @@ def build_model(
     return model
 
 
+def _add_chain(model: MilpModel, prev: OpKey, key: OpKey) -> None:
+    if not model.graph.has_edge(prev, key):
+        model.chains.append((prev, key))
+        model.graph.add_edge(prev, key, latency=0.0)
+
+
+def _add_runtime_edges(model: MilpModel) -> None:
+    """The runtimes' order rules (:func:`pp_opt.runtime_rules.runtime_chains`), kept with or
+    without symmetry breaking: chains of ``constraints.symmetry``, also used as precedences."""
+    for prev, key in runtime_chains(model.problem):
+        if prev in model.dag and key in model.dag:
+            _add_chain(model, prev, key)
+
+
 def _add_symmetry_edges(model: MilpModel) -> None:
-    """The microbatch-order chains of ``constraints.symmetry``, also used as precedences."""
+    """The microbatch-order chains of ``constraints.symmetry``, also used as precedences.
+
+    With offload or recompute only the last stage's forwards (the runtimes' own rule);
+    see ``constraints.symmetry``.
+    """
     v = model.vars
     if v.offload or v.recompute:
         kinds: tuple[OpKind, ...] = (OpKind.F,)
-        stages: range = range(1)
+        last = loss_stage(model.problem)
+        stages: range = range(last, last + 1)
     else:
         kinds, stages = SYMMETRIC_KINDS, range(model.problem.num_stages)
     for key in model.dag.nodes:
         if key.kind in kinds and key.stage in stages and key.microbatch > 0:
-            prev = OpKey(key.kind, key.stage, key.microbatch - 1)
-            model.chains.append((prev, key))
-            model.graph.add_edge(prev, key, latency=0.0)
+            _add_chain(model, OpKey(key.kind, key.stage, key.microbatch - 1), key)
 
 
 def _time_windows(model: MilpModel) -> None:
