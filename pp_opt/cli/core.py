@@ -22,7 +22,9 @@ from pp_opt.cli.output import say
 
 
 def baseline(
-    name: str = typer.Argument(..., help="Classic schedule: gpipe, 1f1b, zb-h1, zb-h2, ..."),
+    name: str = typer.Argument(
+        ..., help="gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, v-half, v-min, pipeoffload"
+    ),
     problem_path: Path = typer.Argument(..., metavar="PROBLEM", help="Problem TOML or JSON."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write schedule JSON."),
     cap: float | None = CapOption,
@@ -30,8 +32,14 @@ def baseline(
     v: int | None = VOption,
     chunks: int | None = ChunksAlias,
     objective: str | None = ObjectiveOption,
+    offload: bool | None = typer.Option(
+        None, "--offload/--no-offload", help="Allow activation offload (pipeoffload)."
+    ),
+    time_limit: float | None = typer.Option(
+        None, "--time-limit", help="Seconds v-half, v-min and pipeoffload search their settings."
+    ),
 ) -> None:
-    """Time a classic schedule on a problem, validate it, and show or save it."""
+    """Time a classic or rule schedule on a problem, validate it, and show or save it."""
     from pp_opt.orders import baseline as run_baseline
     from pp_opt.report import metrics_table
 
@@ -39,9 +47,9 @@ def baseline(
         check_writable(output)
     problem = problem_with_overrides(
         problem_path, cap=cap, placement=placement, v=chunks_per_device(v, chunks=chunks),
-        objective=objective,
+        objective=objective, offload=offload,
     )  # fmt: skip
-    schedule = run_baseline(name, problem)  # validated
+    schedule = run_baseline(name, problem, time_limit=time_limit)  # validated
     if output is not None:
         from pp_opt.schedule_io import save_schedule
 

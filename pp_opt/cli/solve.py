@@ -204,8 +204,12 @@ def _say_how_it_ended(schedule: Schedule, time_limit: float, *, wrote: bool) -> 
         say(f"time limit ({time_limit:g} s): best schedule kept, not proved optimal", err=True)
 
 
-def compare_rows(problem: Problem, result_schedule: Schedule | None = None) -> list[list[str]]:
-    """One row per classic schedule (or why it has none), then the solver's if given."""
+def compare_rows(
+    problem: Problem, result_schedule: Schedule | None = None, *, rule_time: float = 5.0
+) -> list[list[str]]:
+    """One row per classic or rule schedule (or why it has none), then the solver's if given.
+
+    Rule schedules that search their settings get ``rule_time`` seconds each."""
     from pp_opt.cli.common import flag
     from pp_opt.errors import InfeasibleError, ceil_significant
     from pp_opt.orders import baseline, baseline_names
@@ -214,7 +218,7 @@ def compare_rows(problem: Problem, result_schedule: Schedule | None = None) -> l
     rows = []
     for name in baseline_names():
         try:
-            schedule = baseline(name, problem)
+            schedule = baseline(name, problem, time_limit=rule_time)
         except InfeasibleError as err:
             rows.append([name, f"over cap (needs {ceil_significant(err.min_cap, 4)})"])
             continue
@@ -253,7 +257,8 @@ def compare(
     recompute: bool | None = RecomputeOption,
     quiet: bool = QuietOption,
 ) -> None:
-    """A table of every classic schedule and the solver: makespan, span, bubble, memory, gap."""
+    """A table of every classic and rule schedule and the solver: makespan, span, bubble,
+    memory, gap."""
     problem = problem_with_overrides(
         problem_path, cap=cap, placement=placement, v=chunks_per_device(v, chunks=chunks),
         objective=objective, offload=offload, recompute=recompute,
@@ -261,7 +266,7 @@ def compare(
     result = _run_solver(problem, solver=solver, time_limit=time_limit, threads=threads,
                          seed=seed, quiet=quiet)  # fmt: skip
     header = ["schedule", "makespan", "span", "bubble", "peak mem", "gap"]
-    rows = [header] + compare_rows(problem, result.schedule)
+    rows = [header] + compare_rows(problem, result.schedule, rule_time=min(5.0, time_limit / 4))
     widths = [max(len(r[i]) for r in rows if len(r) > i) for i in range(len(header))]
     say(f"objective {problem.objective}, lower bound {result.lower_bound:.6g}")
     for row in rows:

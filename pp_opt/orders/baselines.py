@@ -36,21 +36,26 @@ def baseline_names() -> list[str]:
     return [name for name, entry in REGISTRY.items() if entry.baseline]
 
 
-def baseline(name: str, problem: Problem) -> Schedule:
+def baseline(name: str, problem: Problem, *, time_limit: float | None = None) -> Schedule:
     """Time a registered generator's order with the simulator, validate it, add its gap.
 
     Parameters
     ----------
     name
         One of :func:`baseline_names` (``gpipe``, ``1f1b``, ``interleaved-1f1b``,
-        ``zb-h1``, ``zb-h2``, ``zb-v``), or another name of the registry.
+        ``zb-h1``, ``zb-h2``, ``zb-v``, ``v-half``, ``v-min``, ``pipeoffload``), or another
+        name of the registry.
     problem
         The problem. GPipe, 1F1B, ZB-H1 and ZB-H2 need one stage per device and merge
         a problem with more chunks back to ``loop``, ``v = 1``; interleaved 1F1B needs
         ``loop`` with ``v >= 2`` (it keeps the problem's ``v`` when that holds, else
         uses ``v = 2``); ZB-V needs the ``v`` placement. Re-splitting divides each
         device's totals by the chunk count (:func:`pp_opt.problem_io.resplit`), as the
-        Zero Bubble paper does; ``solver.extra["resplit"]`` then says so.
+        Zero Bubble paper does; ``solver.extra["resplit"]`` then says so. V-Half and
+        V-Min need ``v`` (two chunks); PipeOffload needs ``loop``.
+    time_limit
+        Seconds for the rule schedules that search their own parameters for the cap
+        (V-Half, V-Min, PipeOffload); each has its own default when None.
 
     Returns
     -------
@@ -71,7 +76,11 @@ def baseline(name: str, problem: Problem) -> Schedule:
         ``split_backward`` is false.
     """
     started = time.perf_counter()
-    order = get(name).generator(problem)
+    entry = get(name)
+    if time_limit is not None and "deadline" in entry.options:
+        order = entry.generator(problem, deadline=started + time_limit)
+    else:
+        order = entry.generator(problem)
     info = SolverInfo(name=name, status=Status.HEURISTIC, objective=0.0)
     if order.settings:
         info.extra["settings"] = dict(order.settings)
