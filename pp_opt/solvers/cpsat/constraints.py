@@ -10,6 +10,7 @@ from ortools.sat.python import cp_model
 from pp_opt.ops import OpKey, OpKind, Stream, memory_delta
 from pp_opt.runtime_rules import loss_stage, runtime_chains
 from pp_opt.solvers.cpsat.variables import OpRef, OpVar, Variables
+from pp_opt.solvers.lifetimes import match_lifetimes
 
 
 def add_choices(model: cp_model.CpModel, v: Variables) -> None:
@@ -51,34 +52,6 @@ def add_no_overlap(model: cp_model.CpModel, v: Variables) -> None:
             model.add_no_overlap(intervals)
 
 
-Lifetime = tuple[OpRef, OpRef, float]
-"""``(alloc, free, amount)``: memory held from one op's start or end to another's."""
-
-
-def _lifetimes(
-    allocs: list[tuple[OpRef, float]], frees: list[tuple[OpRef, float]]
-) -> list[Lifetime]:
-    """Match frees to allocations first-in first-out: ``(alloc time, free time, amount)``.
-
-    Both lists are in the order the DAG forces on them, and each free only draws on
-    allocations that precede it (an offload only on its forward, a backward on the
-    forward and the reload or recompute), so the intervals reproduce the memory level.
-    """
-    out: list[Lifetime] = []
-    queue = [(t, amount) for t, amount in allocs if amount > 0]
-    for t_free, amount in frees:
-        while amount > 1e-12 and queue:
-            t_alloc, left = queue[0]
-            take = min(amount, left)
-            out.append((t_alloc, t_free, take))
-            amount -= take
-            if left - take <= 1e-12:
-                queue.pop(0)
-            else:
-                queue[0] = (t_alloc, left - take)
-    return out
-
-
 def _memory_uses(
     v: Variables, s: int, j: int
 ) -> list[tuple[OpRef, OpRef, float, cp_model.IntVar | None]]:
@@ -96,12 +69,12 @@ def _memory_uses(
     keep = v.keep.get((s, j))
     uses = []
     alloc_f = ((f, False), memory_delta(p, OpKind.F, s)[0])
-    for start, end, amount in _lifetimes([alloc_f], ends):
+    for start, end, amount in match_lifetimes([alloc_f], ends):
         uses.append((start, end, amount, keep))
     for c in v.offloads.get((s, j), []):
         out = ((c.offload, True), -memory_delta(p, OpKind.OFFLOAD, s, fraction=c.fraction)[1])
         back_in = ((c.reload, False), memory_delta(p, OpKind.RELOAD, s, fraction=c.fraction)[0])
-        for start, end, amount in _lifetimes([alloc_f, back_in], [out, *ends]):
+        for start, end, amount in match_lifetimes([alloc_f, back_in], [out, *ends]):
             uses.append((start, end, amount, c.literal))
     r = v.ops.get(OpKey(OpKind.R, s, j))
     if r is not None:
@@ -109,7 +82,7 @@ def _memory_uses(
             ((f, False), memory_delta(p, OpKind.F, s, recomputed=True)[0]),
             ((r, False), memory_delta(p, OpKind.R, s)[0]),
         ]
-        for start, end, amount in _lifetimes(allocs, ends):
+        for start, end, amount in match_lifetimes(allocs, ends):
             uses.append((start, end, amount, r.present))
     return uses
 
