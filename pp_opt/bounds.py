@@ -294,7 +294,8 @@ def memory_makespan(problem: Problem, fractions: Sequence[float] = (1.0,)) -> fl
 
     Let ``s0`` be the first stage on ``d``, ``K`` :func:`admitted_limit`, ``c`` the
     device's work per microbatch, ``w1 = c - t_back(s0) - t_w(s0)`` and ``A = t_f(s0) +
-    round_trip(s0)`` (a backward of ``s0`` starts at least ``A`` after its forward).
+    round_trip(s0)`` (a backward of ``s0`` starts at least ``A`` after its forward). Not
+    used with recompute (its ``R`` ops add work these counts leave out).
 
     Warm-up. Let ``tau`` be the start of the first backward of ``s0`` on ``d``, so
     ``tau >= fill(s0) + A``. Every op on ``d`` depends on its microbatch's forward of
@@ -307,14 +308,18 @@ def memory_makespan(problem: Problem, fractions: Sequence[float] = (1.0,)) -> fl
 
     Cool-down (``m > K``). Let ``f`` be the start of the last forward of ``s0`` on ``d``.
     Its microbatch's backward of ``s0`` ends no earlier than ``f + A + t_back(s0)``, and
-    then its ``W`` and the backward chain below (``drain(s0)``). After ``f`` the device
-    only runs ops of the at most ``K`` microbatches in flight, each of which already
-    started its forward of ``s0``: at most ``t_f(s0) + K (c - t_f(s0))`` of work. Before
-    ``f`` it ran the rest, after ``fill`` and the warm-up idle (the ``(K+1)``-th forward
-    of ``s0`` waited for a freed activation, so ``tau < f``). Hence ``makespan >= fill +
-    idle_warm + m c - t_f(s0) - K (c - t_f(s0)) + A + t_back(s0) + max(t_w(s0),
-    drain(s0))``.
+    then its ``W`` and the backward chain below (``drain(s0)``). Every op of ``d`` left at
+    ``f`` (besides that forward) belongs to a microbatch whose activation of ``s0`` is
+    alive (at most ``c - t_f(s0)`` of work each, holding at least :func:`kept_memory`) or
+    is a pending ``W`` (``t_w(s)`` of work, holding ``m_w(s)`` until it runs): all of it
+    under the device's room, so at most ``t_f(s0) +`` the fractional knapsack of those
+    items (:func:`_work_left`). Before ``f`` the device ran the rest, after ``fill`` and
+    the warm-up idle (the ``(K+1)``-th forward of ``s0`` waited for a freed activation,
+    so ``tau < f``). Hence ``makespan >= fill + idle_warm + m c - work_left + A +
+    t_back(s0) + max(t_w(s0), drain(s0))``.
     """
+    if problem.recompute:
+        return 0.0
     best = 0.0
     for device in range(problem.p):
         s0, work, t_f0, t_back0, t_w0 = _device_costs(problem, device)
@@ -329,10 +334,33 @@ def memory_makespan(problem: Problem, fractions: Sequence[float] = (1.0,)) -> fl
         warm += max(load.get(OpKind.W, 0.0), drain)
         best = max(best, warm)
         if problem.m > k:
-            busy_before = problem.m * work - t_f0 - k * (work - t_f0)
+            left = _work_left(problem, device, k, work - t_f0, fractions)
+            busy_before = problem.m * work - t_f0 - left
             cool = fill + idle_warm + busy_before + reach + t_back0 + max(t_w0, drain)
             best = max(best, cool)
     return best
+
+
+def _work_left(
+    problem: Problem, device: int, k: int, per_microbatch: float, fractions: Sequence[float]
+) -> float:
+    """Most work a device can have left when its last first-stage forward starts: a
+    fractional knapsack of microbatches in flight (``per_microbatch`` of work, at least
+    :func:`kept_memory` of room each, at most ``k``) and pending ``W`` ops (``t_w`` of work,
+    ``m_w`` of room each, at most ``m - 1`` per stage), under the device's room."""
+    s0 = min(problem.stages_on(device))
+    room = problem.devices[device].cap - problem.devices[device].static
+    items = [(per_microbatch, kept_memory(problem, s0, fractions), float(k))]
+    if problem.split_backward:
+        for s in problem.stages_on(device):
+            st = problem.stages[s]
+            items.append((st.t_w, st.m_w, float(problem.m - 1)))
+    total = 0.0
+    for work, memory, count in sorted(items, key=lambda i: -i[0] / max(i[1], 1e-300)):
+        take = count if memory <= 0 else min(count, max(0.0, room) / memory)
+        total += take * work
+        room -= take * memory
+    return total
 
 
 def _activation_area(problem: Problem, stage: int) -> float:
