@@ -42,7 +42,7 @@ FULL_MODEL_OPS = 3000
 start there within minutes, and building it takes seconds. The large-neighbourhood
 search (:mod:`pp_opt.solvers.lns`) improves the warm start instead."""
 
-FULL_MODEL_SHARE = 0.5
+FULL_MODEL_SHARE = 0.25
 """Share of the time left after the warm starts that the full CP-SAT model gets when the
 large-neighbourhood search follows it."""
 
