@@ -99,3 +99,51 @@ def test_rule_schedules_are_named_baselines(capsys: pytest.CaptureFixture[str], 
     problem = uniform_problem(p=4, m=8, t_w=0.5, m_w=0.3, t_comm=0.05, cap=8.0)
     assert get("v-half").placements == frozenset({"v"})
     assert validate(simulate(get("v-half").generator(problem))) == []
+
+
+SEARCH_ONLY = """
+import sys
+import pp_opt.solvers.entry as entry
+from pp_opt.cli import main
+
+entry.FULL_MODEL_OPS = 0  # straight to the large-neighbourhood search
+main(sys.argv[1:])
+"""
+
+
+def test_a_signal_during_the_search_writes_the_best_schedule(tmp_path) -> None:  # noqa: ANN001
+    """CP-SAT catches SIGINT itself unless told not to; the search's sub-solves must leave it
+    to the command line, which stops the whole search and writes the best schedule."""
+    import signal
+    import subprocess
+    import sys
+
+    from pp_opt.cli import exit_codes
+
+    problem = tmp_path / "tight.json"
+    pp_opt_problem = uniform_problem(p=8, m=24, placement="v", v=2, t_f=18.52, t_b=18.09,
+                                     t_w=9.34, m_w=0.366, t_comm=0.6, cap=4.0)  # fmt: skip
+    import json
+
+    from pp_opt.problem_io import problem_to_dict
+
+    problem.write_text(json.dumps({"format": "pp-opt.problem", "version": 1,
+                                   **problem_to_dict(pp_opt_problem)}))  # fmt: skip
+    out = tmp_path / "s.json"
+    run = subprocess.Popen(
+        [sys.executable, "-c", SEARCH_ONLY, "solve", str(problem), "--time-limit", "120",
+         "-o", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert run.stdout is not None
+    line = run.stdout.readline()  # the first improvement: the search is running
+    assert "incumbent" in line, line
+    started = time.monotonic()
+    run.send_signal(signal.SIGINT)
+    _, stderr = run.communicate(timeout=60)
+    assert time.monotonic() - started < 15
+    assert run.returncode == exit_codes.INTERRUPTED, stderr
+    assert "interrupted by SIGINT: wrote the best schedule" in stderr
+    from pp_opt.schedule_io import load_schedule
+
+    assert validate(load_schedule(out)) == []

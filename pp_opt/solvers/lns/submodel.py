@@ -37,6 +37,7 @@ from pp_opt.problem import Problem
 from pp_opt.runtime_rules import runtime_chains
 from pp_opt.schedule import Schedule, ScheduledOp
 from pp_opt.solvers.cpsat.scaling import Scaling
+from pp_opt.solvers.interrupt import handling_signals
 from pp_opt.solvers.lifetimes import activation_events, match_lifetimes
 from pp_opt.solvers.lns.window import Window
 
@@ -341,6 +342,8 @@ def solve_window(
     params.max_time_in_seconds = max(0.01, time_limit)
     params.num_workers = max(1, threads)
     params.random_seed = seed
+    if handling_signals():  # the command line's handler stops the whole search (and says so)
+        params.catch_sigint_signal = False
     if running is not None:
         running.append(solver)
     try:
