@@ -147,3 +147,20 @@ def test_a_signal_during_the_search_writes_the_best_schedule(tmp_path) -> None: 
     from pp_opt.schedule_io import load_schedule
 
     assert validate(load_schedule(out)) == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_windows_larger_than_the_schedule_wrap_around(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A schedule with fewer ops than a window, and sub-solves that never finish (so the
+    window only shrinks): every wrap-around offset stays inside the schedule."""
+    import pp_opt.solvers.lns.search as search
+
+    monkeypatch.setattr(search, "solve_window", lambda *a, **k: None)
+    problem = uniform_problem(p=2, m=3, t_w=0.5, m_w=0.3, cap=1.5)
+    start = check_schedule(simulate(get("greedy-bfw").generator(problem)))
+    stats = SearchStats()
+    kept = improve(start, deadline=time.perf_counter() + 1.0, window_ops=400, seed=seed,
+                   stats=stats)  # fmt: skip
+    assert kept is start and stats.windows >= 2

@@ -90,8 +90,9 @@ def improve(
             break
         starts = sorted(op.start for op in best.ops)
         n = len(starts)
-        if position >= n - 1:
-            position = rng.randrange(0, max(1, size // 2))
+        size = min(size, n)
+        if position >= n - 1:  # wrap around, to a random offset within half a window
+            position = rng.randrange(0, max(1, min(size // 2, n - 1)))
         low = starts[position]
         high = starts[position + size] if position + size < n else float("inf")
         reach = position + size + elastic_ops
@@ -115,7 +116,7 @@ def improve(
         if result is not None and result.optimal:
             size = min(int(size * 1.25) + 1, n)
         else:
-            size = max(50, int(size * 0.8))
+            size = min(n, max(50, int(size * 0.8)))
         position += max(1, size // 2)
         if position + 1 >= n:
             position = n  # wrap to a random offset on the next step
