@@ -51,28 +51,16 @@ def atomic_write(
     untouched, and an ``OSError`` becomes an :class:`OutputError` naming ``field``.
     """
     target = check_writable(path, field=field)
-    folder = target.parent if str(target.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-    except OSError as err:
-        raise OutputError(field, f"cannot write {target} ({err.strerror})") from None
-    try:
-        mode = "wb" if binary else "w"
-        encoding = None if binary else "utf-8"
-        with os.fdopen(fd, mode, encoding=encoding, newline=newline) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        _keep_mode(target, tmp)
-        os.replace(tmp, target)
-    except OSError as err:
-        _remove(tmp)
-        raise OutputError(
-            field, f"cannot write {target} ({err.strerror}); any previous file is unchanged"
-        ) from None
-    except BaseException:
-        _remove(tmp)
-        raise
+    fd, tmp = _temporary(target, field)
+    mode = "wb" if binary else "w"
+    encoding = None if binary else "utf-8"
+    with (
+        _replacing(target, tmp, field),
+        os.fdopen(fd, mode, encoding=encoding, newline=newline) as f,
+    ):
+        yield f
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def write_text(path: str | Path, text: str, *, field: str = "output") -> Path:
@@ -88,16 +76,30 @@ def write_with(path: str | Path, writer: Callable[[str], None], *, field: str = 
     ``writer`` gets the name of a temporary file in the target's folder.
     """
     target = check_writable(path, field=field)
-    folder = target.parent if str(target.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-        os.close(fd)
-    except OSError as err:
-        raise OutputError(field, f"cannot write {target} ({err.strerror})") from None
-    try:
+    fd, tmp = _temporary(target, field)
+    os.close(fd)
+    with _replacing(target, tmp, field):
         writer(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+    return target
+
+
+def _temporary(target: Path, field: str) -> tuple[int, str]:
+    """A new temporary file in ``target``'s folder (so that ``os.replace`` is atomic)."""
+    folder = target.parent if str(target.parent) else Path(".")
+    try:
+        return tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    except OSError as err:
+        raise OutputError(field, f"cannot write {target} ({err.strerror})") from None
+
+
+@contextlib.contextmanager
+def _replacing(target: Path, tmp: str, field: str) -> Iterator[None]:
+    """Once the block has written ``tmp``, it replaces ``target``; on any error ``tmp`` is
+    removed and ``target`` left as it was (an ``OSError`` becomes an :class:`OutputError`)."""
+    try:
+        yield
         _keep_mode(target, tmp)
         os.replace(tmp, target)
     except OSError as err:
@@ -108,7 +110,6 @@ def write_with(path: str | Path, writer: Callable[[str], None], *, field: str = 
     except BaseException:
         _remove(tmp)
         raise
-    return target
 
 
 def _keep_mode(target: Path, tmp: str) -> None:

@@ -55,23 +55,8 @@ class PPOptError(Exception):
         return str(self)
 
 
-class OutputError(PPOptError):
-    """An output file cannot be written (checked before long work; never left half-written)."""
-
-    exit_code = 4
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        """The argument naming the output (``output``, ``path``)."""
-        self.message = message
-        super().__init__(f"{field}: {message}" if field else message)
-
-    def describe(self, name: Callable[[str], str] = _as_is) -> str:
-        return f"{name(self.field)}: {self.message}" if self.field else self.message
-
-
-class ProblemError(PPOptError, ValueError):
-    """An argument, a problem, card or schedule file holds a value that is not allowed."""
+class FieldError(PPOptError):
+    """An error about one named argument or file field, said as ``field: message``."""
 
     def __init__(self, field: str, message: str) -> None:
         self.field = field
@@ -82,6 +67,19 @@ class ProblemError(PPOptError, ValueError):
 
     def describe(self, name: Callable[[str], str] = _as_is) -> str:
         return f"{name(self.field)}: {self.message}" if self.field else self.message
+
+
+class OutputError(FieldError):
+    """An output file cannot be written (checked before long work; never left half-written).
+
+    Its ``field`` is the argument naming the output (``output``, ``path``).
+    """
+
+    exit_code = 4
+
+
+class ProblemError(FieldError, ValueError):
+    """An argument, a problem, card or schedule file holds a value that is not allowed."""
 
 
 class TimeLimitError(ProblemError):
