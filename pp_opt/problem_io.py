@@ -160,16 +160,29 @@ def problem_from_spec(spec: Mapping[str, Any]) -> Problem:
         stages=tuple(stages),
         devices=tuple(devices),
         placement=placement,
-        t_comm=spec.get("t_comm", 0.0),
-        host_links=_host_links(spec.get("host_links", [])),
-        split_backward=_typed("split_backward", spec.get("split_backward", True), bool),
-        offload=_typed("offload", spec.get("offload", False), bool),
-        recompute=_typed("recompute", spec.get("recompute", False), bool),
-        objective=_typed("objective", spec.get("objective", "makespan"), str),
-        unit=_typed("unit", spec.get("unit", "m_b"), str),
-        name=_typed("name", spec.get("name", ""), str),
+        **_settings("", spec),
     )
     return _check_static(problem, [values.get("cap") for values in device_values])
+
+
+_SWITCHES: tuple[tuple[str, Any, type], ...] = (
+    ("split_backward", True, bool),
+    ("offload", False, bool),
+    ("recompute", False, bool),
+    ("objective", "makespan", str),
+    ("unit", "m_b", str),
+    ("name", "", str),
+)
+"""Problem settings with their defaults and types, the same in TOML and schedule JSON."""
+
+
+def _settings(where: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The problem-wide settings of ``spec`` (fields named ``where`` + key), checked."""
+    settings = {key: _typed(where + key, spec.get(key, default), kind)
+                for key, default, kind in _SWITCHES}  # fmt: skip
+    settings["t_comm"] = spec.get("t_comm", 0.0)
+    settings["host_links"] = _host_links(spec.get("host_links", []))
+    return settings
 
 
 def _host_links(value: Any) -> tuple[tuple[int, ...], ...]:
@@ -247,14 +260,7 @@ def problem_from_dict(data: Mapping[str, Any]) -> Problem:
         stages=tuple(stages),
         devices=devices,
         placement=placement,
-        t_comm=data.get("t_comm", 0.0),
-        host_links=_host_links(data.get("host_links", [])),
-        split_backward=_typed("problem.split_backward", data.get("split_backward", True), bool),
-        offload=_typed("problem.offload", data.get("offload", False), bool),
-        recompute=_typed("problem.recompute", data.get("recompute", False), bool),
-        objective=_typed("problem.objective", data.get("objective", "makespan"), str),
-        unit=_typed("problem.unit", data.get("unit", "m_b"), str),
-        name=_typed("problem.name", data.get("name", ""), str),
+        **_settings("problem.", data),
         extra=dict(extra),
     )
     return _check_static(problem, [row.get("cap") for row in device_rows])
