@@ -23,7 +23,10 @@ from pp_opt.cli.output import say
 
 def baseline(
     name: str = typer.Argument(
-        ..., help="gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, v-half, v-min, pipeoffload"
+        ...,
+        help="gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, v-half, v-min, pipeoffload; "
+        "or PyTorch's GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "
+        "ZBVZeroBubble, DualPipeV",
     ),
     problem_path: Path = typer.Argument(..., metavar="PROBLEM", help="Problem TOML or JSON."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write schedule JSON."),

@@ -5,6 +5,9 @@
 - Rules that adapt to the costs and the caps: :mod:`.list_schedules` (list schedules,
   including one that fits any feasible cap), :mod:`.zb_greedy` and :mod:`.zb_v_greedy`
   (the Zero Bubble paper's cost-aware greedy, tuned by :mod:`.zb_tune`).
+- PyTorch's schedules under PyTorch's names (``GPipe``, ``1F1B``, ``Interleaved1F1B``,
+  ``LoopedBFS``, ``InterleavedZeroBubble``, ``ZBVZeroBubble``, ``DualPipeV``):
+  :mod:`.pytorch_schedules`, listed in :data:`PYTORCH_SCHEDULES`.
 - A pass: :mod:`.offload_warm` puts offload copies in the gaps of a schedule.
 
 Every generator has the signature ``(problem) -> Order``; :data:`REGISTRY`
@@ -21,10 +24,12 @@ from pp_opt.orders.baselines import (
     fits_cap,
 )
 from pp_opt.orders.common import OrderGenerator
+from pp_opt.orders.pytorch_schedules import PYTORCH_SCHEDULES
 from pp_opt.orders.registry import REGISTRY, Entry
 from pp_opt.orders.warm_starts import Candidate, candidates
 
 __all__ = [
+    "PYTORCH_SCHEDULES",
     "REGISTRY",
     "Candidate",
     "Entry",

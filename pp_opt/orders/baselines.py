@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 
 from pp_opt.bounds import lower_bound
-from pp_opt.errors import InfeasibleError
+from pp_opt.errors import InfeasibleError, ProblemError
 from pp_opt.orders.registry import REGISTRY, get
 from pp_opt.orders.warm_starts import candidates
 from pp_opt.problem import Problem
@@ -36,15 +36,21 @@ def baseline_names() -> list[str]:
     return [name for name, entry in REGISTRY.items() if entry.baseline]
 
 
-def baseline(name: str, problem: Problem, *, time_limit: float | None = None) -> Schedule:
+def baseline(
+    name: str | Problem, problem: Problem | str, *, time_limit: float | None = None
+) -> Schedule:
     """Time a registered generator's order with the simulator, validate it, add its gap.
+
+    ``baseline(name, problem)`` and ``baseline(problem, name)`` are the same call.
 
     Parameters
     ----------
     name
         One of :func:`baseline_names` (``gpipe``, ``1f1b``, ``interleaved-1f1b``,
-        ``zb-h1``, ``zb-h2``, ``zb-v``, ``v-half``, ``v-min``, ``pipeoffload``), or another
-        name of the registry.
+        ``zb-h1``, ``zb-h2``, ``zb-v``, ``v-half``, ``v-min``, ``pipeoffload``), one of
+        PyTorch's schedules (:data:`pp_opt.orders.PYTORCH_SCHEDULES`: ``GPipe``, ``1F1B``,
+        ``Interleaved1F1B``, ``LoopedBFS``, ``InterleavedZeroBubble``, ``ZBVZeroBubble``,
+        ``DualPipeV``), or another name of the registry.
     problem
         The problem. GPipe, 1F1B, ZB-H1 and ZB-H2 need one stage per device and merge
         a problem with more chunks back to ``loop``, ``v = 1``; interleaved 1F1B needs
@@ -52,7 +58,9 @@ def baseline(name: str, problem: Problem, *, time_limit: float | None = None) ->
         uses ``v = 2``); ZB-V needs the ``v`` placement. Re-splitting divides each
         device's totals by the chunk count (:func:`pp_opt.problem_io.resplit`), as the
         Zero Bubble paper does; ``solver.extra["resplit"]`` then says so. V-Half and
-        V-Min need ``v`` (two chunks); PipeOffload needs ``loop``.
+        V-Min need ``v`` (two chunks); PipeOffload needs ``loop``. PyTorch's
+        Interleaved1F1B, LoopedBFS and InterleavedZeroBubble use ``loop`` with the
+        problem's ``v``; ZBVZeroBubble and DualPipeV use ``v``.
     time_limit
         Seconds for the rule schedules that search their own parameters for the cap
         (V-Half, V-Min, PipeOffload); each has its own default when None.
@@ -72,9 +80,11 @@ def baseline(name: str, problem: Problem, *, time_limit: float | None = None) ->
     ValidationError
         For any other violation (a bug in the generator or the simulator).
     ProblemError
-        For an unknown name, or a zero-bubble pattern on a problem whose
-        ``split_backward`` is false.
+        For an unknown name, a zero-bubble pattern on a problem whose
+        ``split_backward`` is false, or a problem PyTorch's schedule does not take (its
+        microbatch count, say).
     """
+    name, problem = _name_and_problem(name, problem)
     started = time.perf_counter()
     entry = get(name)
     if time_limit is not None and "deadline" in entry.options:
@@ -90,6 +100,16 @@ def baseline(name: str, problem: Problem, *, time_limit: float | None = None) ->
     if order.problem is not problem:
         info.extra["resplit"] = {"placement": order.problem.placement, "v": order.problem.v}
     return _with_lower_bound(_validated(name, schedule))
+
+
+def _name_and_problem(a: str | Problem, b: Problem | str) -> tuple[str, Problem]:
+    """``(name, problem)`` from the two arguments of :func:`baseline`, in either order."""
+    if isinstance(a, str) and isinstance(b, Problem):
+        return a, b
+    if isinstance(a, Problem) and isinstance(b, str):
+        return b, a
+    raise ProblemError("name", f"got {type(a).__name__} and {type(b).__name__}; call "
+                       "baseline(name, problem) with a schedule name and a Problem")  # fmt: skip
 
 
 def best_baseline(problem: Problem) -> Schedule | None:

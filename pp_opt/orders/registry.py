@@ -14,6 +14,8 @@ from pp_opt.orders.common import OrderGenerator
 from pp_opt.orders.controllable_memory import v_half, v_min
 from pp_opt.orders.list_schedules import fallback, greedy_bfw, greedy_lazy_w
 from pp_opt.orders.pipeoffload import pipeoffload
+from pp_opt.orders.pytorch_schedules import DESCRIPTIONS as PYTORCH_DESCRIPTIONS
+from pp_opt.orders.pytorch_schedules import GENERATORS as PYTORCH_GENERATORS
 from pp_opt.orders.vshape import zb_v
 from pp_opt.orders.zb_greedy import zb_greedy
 from pp_opt.orders.zb_v_greedy import zb_v_greedy
@@ -93,6 +95,12 @@ REGISTRY: dict[str, Entry] = {
     "pipeoffload": _searched(
         pipeoffload, "PipeOffload: group-interleaved 1F1B with offloaded chunks", "loop"
     ),
+    # PyTorch's schedules under PyTorch's names (pp_opt.orders.pytorch_schedules): run by
+    # name only; the same orders that pp_opt already has are listed above.
+    **{
+        name: Entry(generator=generator, description=PYTORCH_DESCRIPTIONS[name])
+        for name, generator in PYTORCH_GENERATORS.items()
+    },
     # New generators go here: import them above and add one entry each (_classic for a
     # fixed pattern listed by `pp-opt baseline`, _rule for a warm-start rule, _searched
     # for a rule schedule that searches its own parameters).
