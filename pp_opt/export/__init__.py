@@ -5,6 +5,8 @@ too (:func:`write_torch_csv`, :func:`write_trace`, :func:`save_figure`, and
 :func:`plot_schedule` / :func:`plot_memory` that draw on a matplotlib ``Axes``). The
 trace and the CSV need nothing beyond the standard library; pictures need matplotlib
 (``pip install 'pp-opt[plot]'``), imported only when drawing.
+:mod:`pp_opt.export.training_config` writes a configuration as torchtitan config keys
+and Megatron-LM flags.
 """
 
 from __future__ import annotations

@@ -1,0 +1,285 @@
+"""A configuration as a training job takes it: torchtitan's config keys, Megatron-LM's flags.
+
+Both take the pipeline shape pp_opt plans (DESIGN.md section 8): ``pp`` devices, ``v``
+chunks per device on the ``loop`` or ``v`` placement, and ``layers``, the decoder layers
+of each stage in stage order (``len(layers) == pp * v``), with the embedding on stage 0
+and the final norm and output layer on the last stage.
+
+- :func:`torchtitan_config`: the ``[parallelism]`` keys of torchtitan's job config, with
+  the split given exactly as ``module_fqns_per_model_part`` (one list of module names per
+  stage: ``tok_embeddings``, ``layers.<i>``, ``norm``, ``output``, as torchtitan's Llama
+  names them), and the schedule as a PyTorch name or a pp_opt torch-csv file.
+- :func:`megatron_flags`: the command-line flags of Megatron-LM's ``pretrain_gpt.py``; an
+  even split is ``--num-layers-per-virtual-pipeline-stage`` (with ``v > 1``), a split
+  that differs only on the first and last stage is
+  ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``, and
+  any other is ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t`` decoder
+  layer, ``L`` loss, stages split by ``|``).
+
+Bad input raises :class:`~pp_opt.errors.ProblemError` naming the argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pp_opt.errors import ProblemError
+
+V_SCHEDULES = frozenset({"ZBVZeroBubble", "DualPipeV"})
+"""PyTorch schedules torchtitan runs on the ``v`` placement (it places stages by name)."""
+ONE_CHUNK_SCHEDULES = frozenset({"GPipe", "1F1B"})
+"""PyTorch schedules with one stage per device."""
+LOOP_SCHEDULES = frozenset({"Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble"})
+"""PyTorch schedules with any number of stages per device on the ``loop`` placement."""
+CSV_SCHEDULE = "PipelineScheduleMulti"
+"""The name torchtitan takes with a schedule CSV on the ``loop`` placement."""
+CSV_SCHEDULES = frozenset(
+    {"PipelineScheduleSingle", "PipelineScheduleMulti", "_PipelineScheduleRuntime"}
+)
+"""The other names torchtitan's documentation gives for a schedule CSV (``loop`` only)."""
+
+_RECOMPUTE_FLAGS = ("--recompute-granularity", "full", "--recompute-method", "uniform",
+                    "--recompute-num-layers", "1")  # fmt: skip
+
+
+# ---------------------------------------------------------------- checks
+
+
+def _positive(field: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ProblemError(field, f"got {value!r}; give an integer >= 1")
+    return value
+
+
+def _check_shape(
+    *, pp: int, v: int, placement: str, layers: Sequence[int], n_layers: int
+) -> list[int]:
+    """The checked split: ``pp * v`` non-negative counts summing to ``n_layers``."""
+    _positive("pp", pp)
+    _positive("v", v)
+    _positive("n_layers", n_layers)
+    if placement not in ("loop", "v"):
+        raise ProblemError("placement", f"got {placement!r}; use 'loop' or 'v'")
+    if placement == "v" and v != 2:
+        raise ProblemError("v", f"got {v}; the 'v' placement has exactly 2 chunks per device")
+    counts = list(layers)
+    for count in counts:
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ProblemError(
+                "layers", f"entry {count!r} is not a layer count; give integers >= 0"
+            )
+    if len(counts) != pp * v:
+        raise ProblemError(
+            "layers", f"got {len(counts)} stages; give one count per stage, pp * v = {pp * v}"
+        )
+    if sum(counts) != n_layers:
+        raise ProblemError(
+            "layers", f"the counts sum to {sum(counts)}; they must sum to n_layers = {n_layers}"
+        )
+    return counts
+
+
+# ---------------------------------------------------------------- torchtitan
+
+
+def module_fqns(layers: Sequence[int]) -> list[list[str]]:
+    """torchtitan's ``module_fqns_per_model_part``: each stage's Llama module names."""
+    parts: list[list[str]] = []
+    first = 0
+    for count in layers:
+        parts.append([f"layers.{i}" for i in range(first, first + count)])
+        first += count
+    parts[0].insert(0, "tok_embeddings")
+    parts[-1] += ["norm", "output"]
+    return parts
+
+
+def _torchtitan_schedule(
+    *, pp: int, v: int, placement: str, schedule_csv: str | None, schedule_name: str | None
+) -> str:
+    """``pipeline_parallel_schedule``: the name torchtitan builds (or places stages by)."""
+    if schedule_name is None:
+        if schedule_csv is None:
+            raise ProblemError(
+                "schedule_name", "give a PyTorch schedule name or a schedule_csv file"
+            )
+        # With a CSV torchtitan runs _PipelineScheduleRuntime; the name only decides how
+        # it places stages on ranks: V-style for the V schedules, loop otherwise.
+        return "ZBVZeroBubble" if placement == "v" else CSV_SCHEDULE
+    known = V_SCHEDULES | ONE_CHUNK_SCHEDULES | LOOP_SCHEDULES
+    if schedule_csv is not None:
+        known |= CSV_SCHEDULES
+    if schedule_name not in known:
+        names = ", ".join(sorted(known))
+        raise ProblemError("schedule_name", f"unknown {schedule_name!r}; use one of {names}")
+    if (placement == "v") != (schedule_name in V_SCHEDULES):
+        raise ProblemError(
+            "schedule_name",
+            f"torchtitan places stages V-style only for ZBVZeroBubble and DualPipeV; "
+            f"{schedule_name!r} does not fit placement {placement!r}: "
+            + ("use ZBVZeroBubble or DualPipeV" if placement == "v" else "use a loop schedule"),
+        )
+    if schedule_name in ONE_CHUNK_SCHEDULES | {"PipelineScheduleSingle"} and v != 1:
+        raise ProblemError(
+            "schedule_name", f"{schedule_name} runs one stage per device, not v = {v}; "
+            "use Interleaved1F1B, LoopedBFS or InterleavedZeroBubble"
+        )  # fmt: skip
+    return schedule_name
+
+
+def torchtitan_config(
+    *,
+    pp: int,
+    v: int,
+    placement: str,
+    mbs: int,
+    layers: Sequence[int],
+    n_layers: int,
+    schedule_csv: str | None,
+    schedule_name: str | None,
+) -> dict[str, Any]:
+    """The ``[parallelism]`` keys of a torchtitan job config for this pipeline.
+
+    Parameters
+    ----------
+    pp, v, placement
+        Devices, chunks per device and the stage-to-device map (``loop`` or ``v``).
+    mbs
+        Sequences per microbatch (``pipeline_parallel_microbatch_size``).
+    layers, n_layers
+        Decoder layers per stage in stage order, and the model's total.
+    schedule_csv
+        Path of a schedule exported with ``pp-opt export --format torch-csv``: torchtitan
+        then runs it with ``_PipelineScheduleRuntime``. None for a PyTorch schedule.
+    schedule_name
+        A PyTorch schedule name (``GPipe``, ``1F1B``, ``Interleaved1F1B``, ``LoopedBFS``,
+        ``InterleavedZeroBubble``, ``ZBVZeroBubble``, ``DualPipeV``); with a CSV it may be
+        None (``PipelineScheduleMulti`` on ``loop``, ``ZBVZeroBubble`` on ``v``, the names
+        that make torchtitan place the stages as the CSV expects).
+
+    Returns
+    -------
+    dict
+        ``pipeline_parallel_degree``, ``pipeline_parallel_schedule``,
+        ``pipeline_parallel_schedule_csv`` (only with a CSV),
+        ``pipeline_parallel_microbatch_size`` and ``module_fqns_per_model_part``.
+    """
+    counts = _check_shape(pp=pp, v=v, placement=placement, layers=layers, n_layers=n_layers)
+    _positive("mbs", mbs)
+    if schedule_csv is not None and not str(schedule_csv).strip():
+        raise ProblemError("schedule_csv", "empty path; give the CSV file or None")
+    config: dict[str, Any] = {
+        "pipeline_parallel_degree": pp,
+        "pipeline_parallel_schedule": _torchtitan_schedule(
+            pp=pp,
+            v=v,
+            placement=placement,
+            schedule_csv=schedule_csv,
+            schedule_name=schedule_name,
+        ),  # fmt: skip
+    }
+    if schedule_csv is not None:
+        config["pipeline_parallel_schedule_csv"] = str(schedule_csv)
+    config["pipeline_parallel_microbatch_size"] = mbs
+    config["module_fqns_per_model_part"] = module_fqns(counts)
+    return config
+
+
+# ---------------------------------------------------------------- Megatron-LM
+
+
+def pipeline_layout(layers: Sequence[int]) -> str:
+    """Megatron-LM's ``--pipeline-model-parallel-layout`` string of a split (stage order)."""
+    stages = []
+    for s, count in enumerate(layers):
+        text = "t" if count == 1 else f"t*{count}" if count else ""
+        if s == 0:
+            text = "E" + text
+        if s == len(layers) - 1:
+            text += "L"
+        stages.append(text)
+    return "|".join(stages)
+
+
+def _split_flags(counts: list[int], *, pp: int, v: int) -> list[str]:
+    """The flags that give Megatron-LM this split, the simplest set that says it exactly."""
+    if len(set(counts)) == 1:
+        return [] if v == 1 else ["--num-layers-per-virtual-pipeline-stage", str(counts[0])]
+    if v == 1 and pp >= 2:
+        middle = counts[1:-1]
+        if len(set(middle)) <= 1 and (not middle or middle[0] > 0):
+            rest = middle[0] if middle else counts[-1]
+            flags = []
+            if counts[0] != rest:
+                flags += ["--decoder-first-pipeline-num-layers", str(counts[0])]
+            if counts[-1] != rest and middle:
+                flags += ["--decoder-last-pipeline-num-layers", str(counts[-1])]
+            return flags
+    return ["--pipeline-model-parallel-layout", pipeline_layout(counts)]
+
+
+def megatron_flags(
+    *,
+    tp: int,
+    pp: int,
+    v: int,
+    placement: str,
+    mbs: int,
+    layers: Sequence[int],
+    n_layers: int,
+    global_batch: int,
+    recompute: bool,
+) -> list[str]:
+    """Megatron-LM command-line flags for this configuration (``pretrain_gpt.py``).
+
+    Parameters
+    ----------
+    tp, pp, v
+        Tensor-parallel size, pipeline devices, chunks per device (virtual stages).
+    placement
+        ``loop`` only: Megatron-LM places virtual stages round-robin (stage ``s`` on
+        rank ``s mod pp``); the ``v`` placement raises :class:`ProblemError`.
+    mbs, global_batch
+        ``--micro-batch-size`` and ``--global-batch-size`` (sequences).
+    layers, n_layers
+        Decoder layers per stage in stage order, and the model's total (``--num-layers``).
+    recompute
+        Full activation recompute of every layer (``--recompute-granularity full
+        --recompute-method uniform --recompute-num-layers 1``): Megatron-LM recomputes
+        every microbatch, where pp_opt's schedule may recompute only some.
+
+    Returns
+    -------
+    list[str]
+        Flags and values, in the order Megatron-LM's help lists them by group.
+    """
+    counts = _check_shape(pp=pp, v=v, placement=placement, layers=layers, n_layers=n_layers)
+    _positive("tp", tp)
+    _positive("mbs", mbs)
+    _positive("global_batch", global_batch)
+    if placement != "loop":
+        raise ProblemError(
+            "placement",
+            "Megatron-LM places virtual stages in a loop (stage s on rank s mod pp), not "
+            "in a V; use placement 'loop', or torchtitan for the V schedules",
+        )
+    if v > 1 and pp < 2:
+        raise ProblemError("v", f"got v = {v} with pp = 1; Megatron-LM interleaves virtual "
+                           "stages only over pp >= 2 ranks: use v = 1")  # fmt: skip
+    if global_batch % mbs:
+        raise ProblemError(
+            "global_batch", f"{global_batch} is not a multiple of mbs = {mbs}; Megatron-LM "
+            "needs whole microbatches"
+        )  # fmt: skip
+    flags = [
+        "--tensor-model-parallel-size", str(tp),
+        "--pipeline-model-parallel-size", str(pp),
+        "--num-layers", str(n_layers),
+        *_split_flags(counts, pp=pp, v=v),
+        "--micro-batch-size", str(mbs),
+        "--global-batch-size", str(global_batch),
+    ]  # fmt: skip
+    if recompute:
+        flags += _RECOMPUTE_FLAGS
+    return flags

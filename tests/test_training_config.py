@@ -1,0 +1,146 @@
+"""torchtitan config keys and Megatron-LM flags for known configurations; bad input names
+the argument."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pp_opt.errors import ProblemError
+from pp_opt.export.training_config import megatron_flags, pipeline_layout, torchtitan_config
+
+
+def _megatron(**changes: Any) -> list[str]:
+    args: dict[str, Any] = dict(tp=1, pp=4, v=1, placement="loop", mbs=1, layers=[8, 8, 8, 8],
+                                n_layers=32, global_batch=16, recompute=False)  # fmt: skip
+    return megatron_flags(**(args | changes))
+
+
+def _titan(**changes: Any) -> dict[str, Any]:
+    args: dict[str, Any] = dict(pp=4, v=1, placement="loop", mbs=2, layers=[8, 9, 8, 7],
+                                n_layers=32, schedule_csv=None, schedule_name="1F1B")  # fmt: skip
+    return torchtitan_config(**(args | changes))
+
+
+def _value(flags: list[str], flag: str) -> str | None:
+    return flags[flags.index(flag) + 1] if flag in flags else None
+
+
+# ---------------------------------------------------------------- Megatron-LM
+
+
+def test_megatron_even_split_needs_no_split_flag() -> None:
+    assert _megatron() == [
+        "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "4",
+        "--num-layers", "32", "--micro-batch-size", "1", "--global-batch-size", "16",
+    ]  # fmt: skip
+
+
+def test_megatron_even_interleaved_split() -> None:
+    flags = _megatron(tp=2, v=2, layers=[4] * 8, recompute=True)
+    assert _value(flags, "--num-layers-per-virtual-pipeline-stage") == "4"
+    assert _value(flags, "--tensor-model-parallel-size") == "2"
+    assert _value(flags, "--recompute-granularity") == "full"
+    assert _value(flags, "--recompute-method") == "uniform"
+    assert "--pipeline-model-parallel-layout" not in flags
+
+
+@pytest.mark.parametrize(
+    ("layers", "first", "last"),
+    [
+        ([9, 8, 8, 7], "9", "7"),
+        ([7, 8, 8, 8], "7", None),
+        ([8, 8, 8, 7], None, "7"),
+        ([20, 12], "20", None),
+    ],  # fmt: skip
+)
+def test_megatron_uneven_first_and_last(
+    layers: list[int], first: str | None, last: str | None
+) -> None:
+    flags = _megatron(pp=len(layers), layers=layers, n_layers=sum(layers))
+    assert _value(flags, "--decoder-first-pipeline-num-layers") == first
+    assert _value(flags, "--decoder-last-pipeline-num-layers") == last
+    assert "--pipeline-model-parallel-layout" not in flags
+
+
+def test_megatron_other_splits_are_a_layout() -> None:
+    flags = _megatron(layers=[8, 9, 7, 8])
+    assert _value(flags, "--pipeline-model-parallel-layout") == "Et*8|t*9|t*7|t*8L"
+    interleaved = _megatron(v=2, layers=[3, 4, 4, 4, 4, 4, 4, 5])
+    assert _value(interleaved, "--pipeline-model-parallel-layout") == (
+        "Et*3|t*4|t*4|t*4|t*4|t*4|t*4|t*5L"
+    )
+    assert "--num-layers-per-virtual-pipeline-stage" not in interleaved
+    assert pipeline_layout([1, 0, 2]) == "Et||t*2L"
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        (dict(placement="v", v=2, layers=[4] * 8), "placement"),
+        (dict(layers=[8, 8, 8]), "layers"),
+        (dict(layers=[8, 8, 8, 9]), "layers"),
+        (dict(layers=[8, 8, -8, 24]), "layers"),
+        (dict(global_batch=15, mbs=2), "global_batch"),
+        (dict(tp=0), "tp"),
+        (dict(pp=1, v=2, layers=[16, 16]), "v"),
+        (dict(placement="zigzag"), "placement"),
+    ],
+)
+def test_megatron_bad_input_names_the_field(changes: dict[str, Any], field: str) -> None:
+    with pytest.raises(ProblemError) as err:
+        _megatron(**changes)
+    assert err.value.field == field
+
+
+# ---------------------------------------------------------------- torchtitan
+
+
+def test_torchtitan_named_schedule_with_uneven_split() -> None:
+    config = _titan()
+    assert config["pipeline_parallel_degree"] == 4
+    assert config["pipeline_parallel_schedule"] == "1F1B"
+    assert config["pipeline_parallel_microbatch_size"] == 2
+    assert "pipeline_parallel_schedule_csv" not in config
+    parts = config["module_fqns_per_model_part"]
+    assert parts[0] == ["tok_embeddings"] + [f"layers.{i}" for i in range(8)]
+    assert parts[1] == [f"layers.{i}" for i in range(8, 17)]
+    assert parts[3] == [f"layers.{i}" for i in range(25, 32)] + ["norm", "output"]
+
+
+def test_torchtitan_csv_on_each_placement() -> None:
+    loop = _titan(v=2, layers=[4] * 8, schedule_csv="best.csv", schedule_name=None)
+    assert loop["pipeline_parallel_schedule"] == "PipelineScheduleMulti"
+    assert loop["pipeline_parallel_schedule_csv"] == "best.csv"
+    # torchtitan places stages V-style only for the V schedules' names.
+    v = _titan(v=2, placement="v", layers=[4] * 8, schedule_csv="best.csv", schedule_name=None)
+    assert v["pipeline_parallel_schedule"] == "ZBVZeroBubble"
+    assert len(v["module_fqns_per_model_part"]) == 8
+    assert v["module_fqns_per_model_part"][7][-2:] == ["norm", "output"]
+    named = _titan(v=2, placement="v", layers=[4] * 8, schedule_name="DualPipeV")
+    assert named["pipeline_parallel_schedule"] == "DualPipeV"
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        (dict(schedule_name=None), "schedule_name"),
+        (dict(schedule_name="ZB-V"), "schedule_name"),
+        (dict(schedule_name="ZBVZeroBubble"), "schedule_name"),  # needs the v placement
+        (
+            dict(placement="v", v=2, layers=[4] * 8, schedule_name="Interleaved1F1B"),
+            "schedule_name",
+        ),  # fmt: skip
+        (dict(v=2, layers=[4] * 8, schedule_name="1F1B"), "schedule_name"),
+        (dict(placement="v", layers=[8, 9, 8, 7]), "v"),
+        (dict(layers=[8, 9, 8]), "layers"),
+        (dict(n_layers=31), "layers"),
+        (dict(mbs=0), "mbs"),
+        (dict(schedule_csv=" "), "schedule_csv"),
+    ],
+)
+def test_torchtitan_bad_input_names_the_field(changes: dict[str, Any], field: str) -> None:
+    with pytest.raises(ProblemError) as err:
+        _titan(**changes)
+    assert err.value.field == field
