@@ -15,7 +15,7 @@ from pp_opt.profiler.cards import (
 from pp_opt.profiler.formulas import embedding_params, head_params, layer_params
 
 MODELS = ["zb-1.5b", "zb-6.2b", "zb-14.6b", "zb-28.3b", "llama2-7b", "llama2-13b",
-          "llama2-70b", "llama3-8b", "llama3-70b"]  # fmt: skip
+          "llama2-70b", "llama3-8b", "llama3-70b", "llama3.1-405b"]  # fmt: skip
 HARDWARE = ["a100-80gb", "h100-80gb", "h200", "cpu"]
 
 
@@ -47,10 +47,27 @@ def _params(name: str, *, tied: bool) -> float:
         ("llama2-70b", 68.98, False),
         ("llama3-8b", 8.03, False),
         ("llama3-70b", 70.55, False),
+        ("llama3.1-405b", 405.85, False),  # 405,853,388,800 (HF meta-llama/Llama-3.1-405B)
     ],
 )
 def test_parameter_counts_match_the_model_names(name: str, billions: float, tied: bool) -> None:
     assert _params(name, tied=tied) / 1e9 == pytest.approx(billions, rel=0.03)
+
+
+def test_405b_profiles_on_16_stages_of_8_way_tensor_parallel_h100s() -> None:
+    # torchtitan's 405B benchmark shape on 128 H100s: TP 8 inside a node, PP 16 across;
+    # 126 layers do not split evenly into 16, so the two ends take one layer less.
+    from pp_opt.profiler import profile_costs
+
+    layers = [7] + [8] * 14 + [7]
+    costs = profile_costs(model="llama3.1-405b", hardware="h100-80gb", pp=16, tp=8,
+                          microbatches=32, layers=layers)  # fmt: skip
+    stages = costs["profile"]["stages"]
+    assert [s["layers"] for s in stages] == layers
+    assert stages[0]["embedding"] and stages[-1]["head"]
+    # Per-rank parameters of the stages, times the tensor-parallel degree: the whole model.
+    assert sum(s["params"] for s in stages) * 8 == pytest.approx(405.85e9, rel=0.02)
+    assert len(costs["stages"]) == 16 and all(st["t_f"] > 0 for st in costs["stages"])
 
 
 def test_gqa_and_ffn_sizes() -> None:

@@ -151,9 +151,9 @@ def test_cost_json_is_a_problem_file_and_cli_writes_it(tmp_path, capsys) -> None
             [
                 "profile",
                 "--model",
-                "pp_opt/cards/zb-1.5b.toml",
+                "models/zb-1.5b.toml",
                 "--hardware",
-                "pp_opt/cards/a100-80gb.toml",
+                "models/a100-80gb.toml",
                 "--pp",
                 "8",
                 "--microbatches",

@@ -29,10 +29,11 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Built from a copy, so the checkout gets no build/ folder; without build isolation,
     # so this environment's setuptools builds it, offline.
     source = tmp_path_factory.mktemp("source")
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    shutil.copytree(ROOT / "pp_opt", source / "pp_opt",
-                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    for folder in ("pp_opt", "models"):  # models/: the card sources the wheel ships
+        shutil.copytree(ROOT / folder, source / folder,
+                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
     out = tmp_path_factory.mktemp("dist")
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
           "--quiet", "-w", out, source])  # fmt: skip
@@ -43,7 +44,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_wheel_ships_cards_and_type_information(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "pp_opt/py.typed" in names
-    assert {"pp_opt/cards/zb-1.5b.toml", "pp_opt/cards/a100-80gb.toml"} <= names
+    cards = {f"pp_opt/cards/{path.name}" for path in (ROOT / "models").glob("*.toml")}
+    assert {"pp_opt/cards/zb-1.5b.toml", "pp_opt/cards/llama3.1-405b.toml"} <= cards <= names
+    assert "pp_opt/cards/README.md" in names
 
 
 def test_installed_wheel_solves_by_card_name(wheel: Path, tmp_path: Path) -> None:

@@ -1,9 +1,11 @@
 """The bundled model and hardware cards: TOML files shipped with the package, found by name.
 
-Adding a card is adding one ``<name>.toml`` file here (the wheel ships every ``*.toml``
-of this folder). A card is a hardware card when it has ``peak_tflops``, else a model
-card; its description is the first sentence of its leading comment. What the keys mean
-is in ``README.md`` next to the cards.
+The card sources live in the checkout's top-level ``models/`` folder; the wheel ships
+them here, as ``pp_opt/cards/*.toml`` (``setup.py`` copies them at build time), and a
+checkout (or an editable install) reads ``models/`` itself. Adding a card is adding one
+``<name>.toml`` file to ``models/``. A card is a hardware card when it has
+``peak_tflops``, else a model card; its description is the first sentence of its
+leading comment. What the keys mean is in ``models/README.md``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,10 @@ import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
+from pathlib import Path
+
+SOURCES = Path(__file__).resolve().parents[2] / "models"
+"""The card sources of a checkout (read when the package holds no cards: not built)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +32,11 @@ class CardInfo:
 
 
 def _folder() -> Traversable:
-    return resources.files(__name__)
+    """The package's own cards when it was built with them (a wheel), else ``models/``."""
+    shipped = resources.files(__name__)
+    if any(entry.name.endswith(".toml") for entry in shipped.iterdir()):
+        return shipped
+    return SOURCES
 
 
 def card_names() -> list[str]:

@@ -1,9 +1,9 @@
 """Model and hardware cards: small TOML files that describe a decoder model and a GPU node.
 
-The bundled cards are package data (:mod:`pp_opt.cards`); each number there cites its source.
-A card is loaded by path or by bundled name (``"llama2-7b"`` finds ``pp_opt/cards/llama2-7b.toml``,
-also from an installed wheel), and every key is checked, so a typo fails at once instead of
-silently using a default.
+The bundled cards are package data (:mod:`pp_opt.cards`, sources in ``models/``); each number
+there cites its source. A card is loaded by path or by bundled name (``"llama2-7b"`` finds
+``models/llama2-7b.toml``, shipped in the wheel as ``pp_opt/cards/llama2-7b.toml``), and every
+key is checked, so a typo fails at once instead of silently using a default.
 """
 
 from __future__ import annotations
