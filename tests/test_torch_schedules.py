@@ -4,6 +4,7 @@ problems PyTorch rejects raise a ProblemError naming the field."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -166,3 +167,20 @@ def test_the_compute_order_is_pytorchs(name: str, p: int, m: int, v: int) -> Non
         return
     assert _our_order(name, p, m, v) == expected
     baseline(_problem(name, p, m, v), name)  # and it runs: timed and validated
+
+
+def test_the_command_line_runs_them_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cli_helpers import run
+
+    problem = tmp_path / "p.toml"
+    problem.write_text('p = 4\nm = 6\nt_comm = 0.1\n[stage]\nt_f = 1.0\nt_b = 1.0\nt_w = 0.5\n'
+                       'm_b = 1.0\nm_w = 0.4\n[device]\ncap = 16.0\n')  # fmt: skip
+    code, out, _ = run(["baseline", "ZBVZeroBubble", str(problem), "-o", str(tmp_path / "s.json")],
+                       capsys)  # fmt: skip
+    assert code == 0 and "ZBVZeroBubble" in out
+    assert run(["validate", str(tmp_path / "s.json")], capsys)[0] == 0
+    code, out, err = run(["baseline", "DualPipeV", str(problem)], capsys)
+    assert code == 1 and "Traceback" not in err
+    assert err.strip().count("\n") == 0 and "m" in err and "set m >= 8" in err
