@@ -144,3 +144,23 @@ def test_torchtitan_bad_input_names_the_field(changes: dict[str, Any], field: st
     with pytest.raises(ProblemError) as err:
         _titan(**changes)
     assert err.value.field == field
+
+
+# ---------------------------------------------------------------- default splits
+
+
+def test_default_splits() -> None:
+    from pp_opt.export.training_config import megatron_default_layers, torchtitan_default_layers
+
+    assert torchtitan_default_layers(32, 4) == [8, 9, 8, 7]  # the example
+    assert torchtitan_default_layers(126, 16) == [7] + [8] * 14 + [7]
+    assert torchtitan_default_layers(32, 8) == [4, 5, 4, 4, 4, 4, 4, 3]
+    assert torchtitan_default_layers(32, 1) == [32]
+    assert sum(torchtitan_default_layers(80, 10)) == 80
+    assert megatron_default_layers(32, 4) == [8] * 4
+    with pytest.raises(ProblemError) as err:
+        megatron_default_layers(126, 16)
+    assert err.value.field == "stages"
+    with pytest.raises(ProblemError) as err:
+        torchtitan_default_layers(2, 8)
+    assert err.value.field == "stages"
