@@ -9,7 +9,7 @@ import typer
 
 from pp_opt.cli import exit_codes
 from pp_opt.cli.common import flag
-from pp_opt.cli.output import reset, say
+from pp_opt.cli.output import flush_stdout, reset, say, stdout_failure
 from pp_opt.errors import PPOptError
 
 app = typer.Typer(
@@ -74,4 +74,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exit_codes.INTERRUPTED)
     except BrokenPipeError:
         sys.exit(exit_codes.OK)
-    sys.exit(code if isinstance(code, int) else exit_codes.OK)
+    code = code if isinstance(code, int) else exit_codes.OK
+    flush_stdout()
+    failed = stdout_failure()
+    if failed is not None:  # the files were written; only what was printed is lost
+        say(f"error: standard output: {failed.strerror or failed}; files written are kept",
+            err=True)  # fmt: skip
+        code = code or exit_codes.OUTPUT
+    sys.exit(code)

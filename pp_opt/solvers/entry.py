@@ -29,6 +29,7 @@ from pp_opt.runtime_rules import in_runtime_order
 from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo, Status
 from pp_opt.simulator import retime
 from pp_opt.solvers.base import BackendResult, Progress, ProgressCallback, SolveOptions
+from pp_opt.solvers.isolation import improve_isolated, isolated, run_isolated
 from pp_opt.solvers.result import SolveResult, WarmStart
 from pp_opt.validator import ValidationError, check_schedule
 
@@ -54,6 +55,7 @@ large ones keep the cheapest (the classic schedules come first)."""
 Backend = Callable[[Problem, nx.DiGraph, SolveOptions], BackendResult]
 
 
+@isolated  # the backend and the search run in a child process (pp_opt.solvers.isolation)
 def solve(
     problem: Problem,
     *,
@@ -284,7 +286,7 @@ def _run_backend(
     if left <= 0:  # the warm starts used all the time
         return _skipped()
     options.time_limit = max(0.1, share * left)
-    return _backend(solver)(problem, dag, options)
+    return run_isolated(solver, partial(_backend, solver), problem, dag, options)
 
 
 def _improve(
@@ -297,9 +299,7 @@ def _improve(
     """The large-neighbourhood search from ``schedule`` until ``end``, reporting progress;
     also the windows it tried and how many improved the schedule."""
     from pp_opt.solvers.interrupt import guarded, running_search
-    from pp_opt.solvers.lns import SearchStats, improve  # OR-Tools loads slowly
 
-    stats = SearchStats()
     with running_search() as search:
         report = guarded(options.progress, search)
 
@@ -308,9 +308,10 @@ def _improve(
                 report(Progress(seconds=time.perf_counter() - started, objective=_value(better),
                                 bound=bound))  # fmt: skip
 
-        best = improve(schedule, deadline=end, threads=options.threads, seed=options.seed,
-                       on_improve=on_improve, stats=stats, search=search)  # fmt: skip
-    return best, stats.windows, stats.improvements
+        found = improve_isolated(schedule, deadline=end, threads=options.threads,
+                                  seed=options.seed, on_improve=on_improve,
+                                  search=search)  # fmt: skip
+    return found.best, found.windows, found.improvements
 
 
 def _backend(solver: str) -> Backend:
