@@ -7,6 +7,7 @@ schedule loaded and saved again gives the same bytes.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,48 @@ def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
 
 
 def dumps_schedule(schedule: Schedule) -> str:
-    return json.dumps(schedule_to_dict(schedule), indent=1) + "\n"
+    """The schedule's JSON text (``json.dumps(schedule_to_dict(schedule), indent=1)``).
+
+    The op rows, nearly all of a large schedule, are written by :func:`_rows_text`, which
+    gives the same text as ``json.dumps`` many times faster (its indenting encoder is pure
+    Python)."""
+    data = schedule_to_dict(schedule)
+    rows = []
+    for i, device in enumerate(data["devices"]):
+        rows.append(_rows_text(device["ops"]))
+        device["ops"] = _ROWS_MARK.format(i)
+    text = json.dumps(data, indent=1)
+    for i, rendered in enumerate(rows):
+        text = text.replace(json.dumps(_ROWS_MARK.format(i)), rendered, 1)
+    return text + "\n"
+
+
+_ROWS_MARK = "\x00pp-opt rows {}\x00"
+"""Stands for one device's op rows in the text until they are written in."""
+_ROW_INDENT = " " * 5
+"""A row's keys sit five levels deep (indent 1): root, devices, device, ops, row."""
+
+
+def _rows_text(rows: list[dict[str, Any]]) -> str:
+    """``json.dumps(rows, indent=1)`` as it reads at the depth of a device's ``ops``."""
+    if not rows:
+        return "[]"
+    keys: dict[str, str] = {}
+    lines = []
+    for row in rows:
+        items = []
+        for key, value in row.items():
+            name = keys.get(key)
+            if name is None:
+                name = keys[key] = f"{_ROW_INDENT}{json.dumps(key)}: "
+            if type(value) is float and math.isfinite(value):
+                items.append(name + repr(value))  # what json writes for a finite float
+            elif type(value) is int:
+                items.append(name + str(value))
+            else:
+                items.append(name + json.dumps(value))
+        lines.append("    {\n" + ",\n".join(items) + "\n    }")
+    return "[\n" + ",\n".join(lines) + "\n   ]"
 
 
 def save_schedule(schedule: Schedule, path: str | Path, *, force: bool = False) -> Path:

@@ -18,7 +18,7 @@ import networkx as nx
 
 from pp_opt.arguments import check_solve
 from pp_opt.bounds import check_caps, lower_bound
-from pp_opt.dag import dag_for
+from pp_opt.dag import dag_for, op_count
 from pp_opt.errors import PPOptError, ProblemError, TimeLimitError
 from pp_opt.metrics import compute_metrics
 from pp_opt.order import Variant
@@ -51,6 +51,11 @@ WARM_START_SHARE = 0.5
 """Share of the time limit after which no further warm-start generator starts; the
 backend gets whatever is left. Small problems list every warm start in milliseconds;
 large ones keep the cheapest (the classic schedules come first)."""
+
+SEARCH_START_SECONDS_PER_OP = 2e-5
+"""The search starts only with at least this many seconds per op left: shipping the
+schedule to its child process and cutting its first window take about that long (a
+schedule of 120,000 ops needs 2.4 s), so a shorter remainder would overrun the limit."""
 
 Backend = Callable[[Problem, nx.DiGraph, SolveOptions], BackendResult]
 
@@ -114,13 +119,12 @@ def solve(
     check_caps(problem, fractions if problem.offload else ())
     warm = _warm_start(problem, warm_start, fractions, started + WARM_START_SHARE * time_limit)
     options.warm_start = warm[1] if warm else None
-    dag = dag_for(problem)
     # CP-SAT solves get a large-neighbourhood search after the full model (or instead of
     # it, when the model is too large to search well): it improves a valid schedule.
     search = solver == "cpsat" and warm is not None
-    full = not (search and dag.number_of_nodes() > FULL_MODEL_OPS)
-    result = _run_backend(solver, problem, dag, options, end, share=FULL_MODEL_SHARE if search
-                          else 1.0) if full else _skipped()  # fmt: skip
+    full = not (search and op_count(problem) > FULL_MODEL_OPS)  # the DAG only when needed
+    result = _run_backend(solver, problem, dag_for(problem), options, end, share=FULL_MODEL_SHARE
+                          if search else 1.0) if full else _skipped()  # fmt: skip
     found = _checked(problem, result, solver)
     bound = lower_bound(problem, options.objective, offload_fractions=fractions)
     if result.bound is not None:
@@ -300,6 +304,9 @@ def _improve(
     also the windows it tried and how many improved the schedule."""
     from pp_opt.solvers.interrupt import guarded, running_search
 
+    if end - time.perf_counter() < SEARCH_START_SECONDS_PER_OP * len(schedule.ops):
+        log.info("no time left to search %d ops", len(schedule.ops))
+        return schedule, 0, 0
     with running_search() as search:
         report = guarded(options.progress, search)
 

@@ -270,8 +270,9 @@ def isolated(solve: Callable[P, R]) -> Callable[P, R]:
         session = Session(solver if isinstance(solver, str) else "cpsat")
         token = _session.set(session)
         try:
-            with contextlib.suppress(OSError):
-                session.start()  # imports the solver while the warm starts are computed
+            if _small(args[0] if args else kwargs.get("problem")):
+                with contextlib.suppress(OSError):
+                    session.start()  # imports the solver while the warm starts are computed
             result = solve(*args, **kwargs)
             schedule = getattr(result, "schedule", None)
             if session.failures and isinstance(schedule, Schedule):
@@ -282,6 +283,17 @@ def isolated(solve: Callable[P, R]) -> Callable[P, R]:
             session.close()
 
     return wrapper
+
+
+PRESTART_OPS = 20_000
+"""Up to this many ops the child starts with the solve; larger problems spend seconds on
+their warm starts, and their search may find no time to start at all."""
+
+
+def _small(problem: object) -> bool:
+    from pp_opt.dag import op_count
+
+    return not isinstance(problem, Problem) or op_count(problem) <= PRESTART_OPS
 
 
 # --- the two jobs -----------------------------------------------------------------------------
