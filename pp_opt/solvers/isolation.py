@@ -296,6 +296,19 @@ def _small(problem: object) -> bool:
     return not isinstance(problem, Problem) or op_count(problem) <= PRESTART_OPS
 
 
+def _usable(session: Session | None) -> Session | None:
+    """``session`` with its child running, or None (then the job runs in this process)
+    when there is no session or no child process can be started here."""
+    if session is None:
+        return None
+    try:
+        session.start()
+    except OSError as err:
+        log.warning("cannot start a child process (%s); solving in this one", err)
+        return None
+    return session
+
+
 # --- the two jobs -----------------------------------------------------------------------------
 
 
@@ -308,7 +321,7 @@ def run_isolated(
 ) -> BackendResult:
     """``backend()(problem, dag, options)`` in the solve's child process (in this one when
     there is none; ``backend`` imports it); a dead child answers ``timeout`` without ops."""
-    session = _session.get()
+    session = _usable(_session.get())
     if session is None:
         return backend()(problem, dag, options)
     from pp_opt.solvers.interrupt import guarded, running_search
@@ -327,7 +340,7 @@ def run_isolated(
                 ("backend", solver, problem, dag, shipped, options.progress is not None),
                 name=solver, seconds=options.time_limit, search=search, on_message=on_message,
             )  # fmt: skip
-        except (_ChildDied, OSError):
+        except _ChildDied:
             return BackendResult(status=Status.TIMEOUT, objective=None, bound=None,
                                  seconds=time.perf_counter() - started, ops=None)  # fmt: skip
     return result
@@ -345,7 +358,7 @@ def improve_isolated(
     """The large-neighbourhood search (:func:`pp_opt.solvers.lns.improve`) from ``schedule``
     until ``deadline`` in the solve's child process (in this one when there is none); a dead
     child leaves the last incumbent it reported. Stopping ``search`` stops it."""
-    session = _session.get()
+    session = _usable(_session.get())
     if session is None:
         from pp_opt.solvers.lns import SearchStats
         from pp_opt.solvers.lns import improve as search_improve  # OR-Tools loads slowly
@@ -367,6 +380,6 @@ def improve_isolated(
             ("search", schedule, threads, seed), name="search", seconds=seconds,
             search=search, on_message=on_message,
         )  # fmt: skip
-    except (_ChildDied, OSError):
+    except _ChildDied:
         return SearchOutcome(best=best[0], windows=0, improvements=0)
     return SearchOutcome(best=best[0], windows=windows, improvements=improvements)
