@@ -94,12 +94,13 @@ def build_dag(
             out += [(f[s][j], r, s, s), (r, b[s][j], s, s)]
         return out
 
-    dag.add_edges_from(
-        (u, w, {"latency": lag(su, sw)})
-        for j in range(m)
-        for s in stages
-        for u, w, su, sw in links(s, j)
-    )
+    edges = [(u, w, {"latency": lag(su, sw)}) for j in range(m) for s in stages
+             for u, w, su, sw in links(s, j)]  # fmt: skip
+    dag.add_edges_from(edges)
+    after: dict[OpKey, list[OpKey]] = {key: [] for key in dag}
+    for u, w, _ in edges:
+        after[u].append(w)
+    dag.graph[_SUCCESSORS] = after  # what successors() would list, made while it is cheap
     return dag
 
 
@@ -138,12 +139,20 @@ def successors(dag: nx.DiGraph) -> dict[OpKey, list[OpKey]]:
     """Each op's successors in ``dag``, as plain lists (kept with the DAG: a DAG of
     :func:`dag_for` is frozen, so they stay right; walking these is much faster than
     walking networkx's views on large DAGs)."""
-    found: dict[OpKey, list[OpKey]] | None = dag.graph.get("successor_lists")
-    if found is None or not nx.is_frozen(dag):
+    found: dict[OpKey, list[OpKey]] | None = dag.graph.get(_SUCCESSORS)
+    if (
+        found is None
+        or not nx.is_frozen(dag)
+        or len(found) != dag.number_of_nodes()
+        or sum(map(len, found.values())) != dag.number_of_edges()
+    ):
         found = {u: list(nbrs) for u, nbrs in dag.adjacency()}
         if nx.is_frozen(dag):
-            dag.graph["successor_lists"] = found
+            dag.graph[_SUCCESSORS] = found
     return found
+
+
+_SUCCESSORS = "successor_lists"
 
 
 def op_count(problem: Problem, variant: Variant | None = None) -> int:

@@ -32,9 +32,10 @@ LARGE_OPS = 20_000
 """From this many ops (of the problem's own DAG) a warm-start search under a deadline
 tries :data:`QUICK_FIRST` first: every generator takes seconds there, and the first
 one found may be the only one the deadline allows."""
-QUICK_FIRST = ("1f1b", "zb-h1")
+QUICK_FIRST = ("1f1b", "zb-h1", "zb-v")
 """Cheap to time (1F1B's fused backward has a third fewer ops) and within ``p``
-activations, so they fit most caps; GPipe, first in the registry, holds all ``m``."""
+activations, so they fit most caps (ZB-V for the ``v`` placement, which the others leave);
+GPipe, first in the registry, holds all ``m``."""
 
 MEMORY_TOL = 1e-6
 """Relative slack on the caps, that of :func:`pp_opt.validator.validate`."""

@@ -30,6 +30,16 @@ def _events(
 ) -> tuple[list[tuple[float, float, int]], list[float], list[float], list[ScheduledOp]]:
     """The device's allocations ``(time, delta, op index)`` in time order (ties by stage,
     microbatch, kind), its frees' times and deltas in time order, and its ops."""
+    if device not in ctx.memory_events:
+        ctx.memory_events[device] = _list_events(ctx, device)
+    found: tuple[list[tuple[float, float, int]], list[float], list[float], list[ScheduledOp]]
+    found = ctx.memory_events[device]
+    return found
+
+
+def _list_events(
+    ctx: Context, device: int
+) -> tuple[list[tuple[float, float, int]], list[float], list[float], list[ScheduledOp]]:
     own = ctx.by_device[device]
     allocations: list[tuple[float, int, int, str, float, int]] = []
     frees: list[tuple[float, float]] = []

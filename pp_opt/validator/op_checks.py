@@ -19,8 +19,9 @@ def check_presence(ctx: Context) -> list[Violation]:
     violations = []
     starts: dict[OpKey, list[float]] = defaultdict(list)
     for op in ctx.ops:
-        if op.key in ctx.dag:
-            starts[op.key].append(op.start)
+        key = op.key
+        if key in ctx.dag:
+            starts[key].append(op.start)
             continue
         known_stage = 0 <= op.stage < ctx.problem.num_stages
         violations.append(
