@@ -17,14 +17,16 @@ FULL = Path("/dev/full")
 
 
 @pytest.mark.skipif(not FULL.exists(), reason="needs /dev/full")
-@pytest.mark.parametrize("command", ["solve", "show"])
+@pytest.mark.parametrize("command", ["solve", "show", "--help", "models"])
 def test_a_full_stdout_keeps_the_schedule_and_says_so_in_one_line(
     tmp_path: Path, command: str
 ) -> None:
     out = tmp_path / "s.json"
+    pp_opt.save_schedule(pp_opt.baseline("1f1b", pp_opt.uniform_problem(p=2, m=4)), out)
     if command == "show":
-        pp_opt.save_schedule(pp_opt.baseline("1f1b", pp_opt.uniform_problem(p=2, m=4)), out)
         args = ["show", str(out)]
+    elif command != "solve":
+        args = [command]
     else:  # an OSError traceback on main (exit 1)
         args = ["solve", str(ROOT / "examples" / "small.toml"), "--objective", "span",
                 "--time-limit", "3", "-o", str(out)]  # fmt: skip
@@ -34,5 +36,6 @@ def test_a_full_stdout_keeps_the_schedule_and_says_so_in_one_line(
     assert done.returncode == exit_codes.OUTPUT, done.stderr
     assert "Traceback" not in done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert errors == ["error: standard output: No space left on device; files written are kept"]
+    assert len(errors) == 1
+    assert errors[0].startswith("error: standard output: No space left on device")
     assert validate(pp_opt.load_schedule(out)) == []

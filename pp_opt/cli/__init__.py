@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import sys
 
@@ -9,7 +10,7 @@ import typer
 
 from pp_opt.cli import exit_codes
 from pp_opt.cli.common import flag
-from pp_opt.cli.output import flush_stdout, reset, say, stdout_failure
+from pp_opt.cli.output import flush_stdout, reset, say, silence_stdout, stdout_failure
 from pp_opt.errors import PPOptError
 
 app = typer.Typer(
@@ -43,6 +44,10 @@ def _click_exceptions() -> tuple[type[Exception], type[Exception] | None]:
     return found.ClickException, getattr(found, "NoArgsIsHelpError", None)
 
 
+_FULL = (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG)
+"""Errors of a stream that cannot take more output (a full disk, a failing device)."""
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every outcome becomes one line and its exit code (:mod:`.exit_codes`).
 
@@ -74,6 +79,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exit_codes.INTERRUPTED)
     except BrokenPipeError:
         sys.exit(exit_codes.OK)
+    except OSError as err:  # a write to stdout outside say() (the help text) failed
+        if err.errno not in _FULL:
+            raise
+        silence_stdout()
+        say(f"error: standard output: {err.strerror or err}", err=True)
+        sys.exit(exit_codes.OUTPUT)
     code = code if isinstance(code, int) else exit_codes.OK
     flush_stdout()
     failed = stdout_failure()

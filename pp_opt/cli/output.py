@@ -33,7 +33,7 @@ def say(text: str = "", *, err: bool = False) -> None:
             return
         if error.errno != errno.EPIPE:
             _failed.append(error)
-        _silence_stdout()
+        silence_stdout()
 
 
 def flush_stdout() -> None:
@@ -45,7 +45,7 @@ def flush_stdout() -> None:
     except OSError as error:
         if error.errno != errno.EPIPE:
             _failed.append(error)
-        _silence_stdout()
+        silence_stdout()
 
 
 def stdout_failure() -> OSError | None:
@@ -53,7 +53,7 @@ def stdout_failure() -> OSError | None:
     return _failed[0] if _failed else None
 
 
-def _silence_stdout() -> None:
+def silence_stdout() -> None:
     """Point stdout at /dev/null so that later writes and the final flush do not fail."""
     _closed[0] = True
     with contextlib.suppress(OSError, ValueError, AttributeError):
