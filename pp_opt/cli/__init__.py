@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gc
 import importlib
 import sys
 
@@ -44,6 +45,15 @@ def _click_exceptions() -> tuple[type[Exception], type[Exception] | None]:
     return found.ClickException, getattr(found, "NoArgsIsHelpError", None)
 
 
+def relax_garbage_collection() -> None:
+    """Run the cyclic garbage collector far less often in this process (one bounded run).
+
+    A large schedule is hundreds of thousands of long-lived objects; at the default
+    thresholds the collector walks them all again and again, a fifth of the CPU time of a
+    120,000-op solve. Nothing of ours leaks cycles, and it still collects."""
+    gc.set_threshold(10_000, 10, 10)
+
+
 _FULL = (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG)
 """Errors of a stream that cannot take more output (a full disk, a failing device)."""
 
@@ -61,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
 
     click_error, no_args = _click_exceptions()
     reset()
+    relax_garbage_collection()
     try:
         with stop_on_signals():
             code = app(args=argv, prog_name="pp-opt", standalone_mode=False)

@@ -11,6 +11,7 @@ exits on ``("quit",)`` or when the parent goes away.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import pickle
@@ -57,6 +58,7 @@ def main() -> None:
     """Serve jobs until the parent says ``quit`` or goes away."""
     from pp_opt.solvers.interrupt import relayed_signals, request_stop
 
+    gc.set_threshold(10_000, 10, 10)  # as pp_opt.cli.relax_garbage_collection: our process
     channel = _Channel(int(sys.argv[1]))
     root = logging.getLogger()
     root.handlers[:] = [_Forward(channel)]
