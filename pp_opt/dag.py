@@ -9,6 +9,7 @@ Edges carry ``latency``: ``t_comm`` between devices, 0 on one device.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 
 import networkx as nx
@@ -60,39 +61,58 @@ def build_dag(
     dag = nx.DiGraph(problem=problem, split_backward=split, offload=with_offload,
                      recompute=with_recompute,
                      variant=Variant(split, with_offload, with_recompute))  # fmt: skip
-    for s in range(problem.num_stages):
-        kinds = [OpKind.F, back]
+    kinds = [OpKind.F, back]
+    if split:
+        kinds.append(OpKind.W)
+    if with_offload:
+        kinds += [OpKind.OFFLOAD, OpKind.RELOAD]
+    if with_recompute:
+        kinds.append(OpKind.R)
+    m, stages = problem.m, range(problem.num_stages)
+    # Each key is made once and an op's attributes once per (kind, stage): large problems
+    # (hundreds of thousands of ops) build in about a second.
+    keys = {kind: [[OpKey(kind, s, j) for j in range(m)] for s in stages] for kind in kinds}
+    for s in stages:
+        data = [(keys[kind][s], _op_data(problem, kind, s)) for kind in kinds]
+        dag.add_nodes_from(
+            (row[j], {**shared, "microbatch": j}) for j in range(m) for row, shared in data
+        )
+    lag = stage_latency(problem)
+    f, b = keys[OpKind.F], keys[back]
+
+    def links(s: int, j: int) -> list[tuple[OpKey, OpKey, int, int]]:
+        """The edges of stage ``s``, microbatch ``j`` (DESIGN.md §3), with their stages."""
+        out = [(f[s - 1][j], f[s][j], s - 1, s)] if s > 0 else []
+        out.append((b[s + 1][j], b[s][j], s + 1, s) if s < last else (f[s][j], b[s][j], s, s))
         if split:
-            kinds.append(OpKind.W)
+            out.append((b[s][j], keys[OpKind.W][s][j], s, s))
         if with_offload:
-            kinds += [OpKind.OFFLOAD, OpKind.RELOAD]
+            copy_out, copy_in = keys[OpKind.OFFLOAD][s][j], keys[OpKind.RELOAD][s][j]
+            out += [(f[s][j], copy_out, s, s), (copy_out, copy_in, s, s), (copy_in, b[s][j], s, s)]
         if with_recompute:
-            kinds.append(OpKind.R)
-        for j in range(problem.m):
-            for kind in kinds:
-                _add_op(dag, problem, OpKey(kind, s, j))
+            r = keys[OpKind.R][s][j]
+            out += [(f[s][j], r, s, s), (r, b[s][j], s, s)]
+        return out
 
-    def link(u: OpKey, w: OpKey) -> None:
-        dag.add_edge(u, w, latency=latency(problem, u, w))
-
-    for j in range(problem.m):
-        for s in range(problem.num_stages):
-            if s > 0:
-                link(OpKey(OpKind.F, s - 1, j), OpKey(OpKind.F, s, j))
-            if s < last:
-                link(OpKey(back, s + 1, j), OpKey(back, s, j))
-            else:
-                link(OpKey(OpKind.F, s, j), OpKey(back, s, j))
-            if split:
-                link(OpKey(OpKind.B, s, j), OpKey(OpKind.W, s, j))
-            if with_offload:
-                link(OpKey(OpKind.F, s, j), OpKey(OpKind.OFFLOAD, s, j))
-                link(OpKey(OpKind.OFFLOAD, s, j), OpKey(OpKind.RELOAD, s, j))
-                link(OpKey(OpKind.RELOAD, s, j), OpKey(back, s, j))
-            if with_recompute:
-                link(OpKey(OpKind.F, s, j), OpKey(OpKind.R, s, j))
-                link(OpKey(OpKind.R, s, j), OpKey(back, s, j))
+    edges = [(u, w, {"latency": lag(su, sw)}) for j in range(m) for s in stages
+             for u, w, su, sw in links(s, j)]  # fmt: skip
+    dag.add_edges_from(edges)
+    after: dict[OpKey, list[OpKey]] = {key: [] for key in dag}
+    for u, w, _ in edges:
+        after[u].append(w)
+    dag.graph[_SUCCESSORS] = after  # what successors() would list, made while it is cheap
     return dag
+
+
+def stage_latency(problem: Problem) -> Callable[[int, int], float]:
+    """:func:`latency` by the stages of the two ops, with the devices looked up once."""
+    devices = [problem.device_of(s) for s in range(problem.num_stages)]
+    t_comm = problem.t_comm
+
+    def lag(a: int, b: int) -> float:
+        return t_comm if devices[a] != devices[b] else 0.0
+
+    return lag
 
 
 def latency(problem: Problem, u: OpKey, w: OpKey) -> float:
@@ -100,20 +120,46 @@ def latency(problem: Problem, u: OpKey, w: OpKey) -> float:
     return problem.t_comm if problem.device_of(u.stage) != problem.device_of(w.stage) else 0.0
 
 
-def _add_op(dag: nx.DiGraph, problem: Problem, key: OpKey) -> None:
-    mem_start, mem_end = memory_delta(problem, key.kind, key.stage)
-    dag.add_node(
-        key,
-        kind=key.kind,
-        stage=key.stage,
-        microbatch=key.microbatch,
-        device=problem.device_of(key.stage),
-        stream=stream_of(key.kind),
-        duration=duration(problem, key.kind, key.stage),
-        mem_start=mem_start,
-        mem_end=mem_end,
-        optional=key.kind in (OpKind.OFFLOAD, OpKind.RELOAD, OpKind.R),
-    )
+def _op_data(problem: Problem, kind: OpKind, stage: int) -> dict[str, object]:
+    """The node attributes an op of ``kind`` on ``stage`` has, whatever its microbatch."""
+    mem_start, mem_end = memory_delta(problem, kind, stage)
+    return {
+        "kind": kind,
+        "stage": stage,
+        "device": problem.device_of(stage),
+        "stream": stream_of(kind),
+        "duration": duration(problem, kind, stage),
+        "mem_start": mem_start,
+        "mem_end": mem_end,
+        "optional": kind in (OpKind.OFFLOAD, OpKind.RELOAD, OpKind.R),
+    }
+
+
+def successors(dag: nx.DiGraph) -> dict[OpKey, list[OpKey]]:
+    """Each op's successors in ``dag``, as plain lists (kept with the DAG: a DAG of
+    :func:`dag_for` is frozen, so they stay right; walking these is much faster than
+    walking networkx's views on large DAGs)."""
+    found: dict[OpKey, list[OpKey]] | None = dag.graph.get(_SUCCESSORS)
+    if (
+        found is None
+        or not nx.is_frozen(dag)
+        or len(found) != dag.number_of_nodes()
+        or sum(map(len, found.values())) != dag.number_of_edges()
+    ):
+        found = {u: list(nbrs) for u, nbrs in dag.adjacency()}
+        if nx.is_frozen(dag):
+            dag.graph[_SUCCESSORS] = found
+    return found
+
+
+_SUCCESSORS = "successor_lists"
+
+
+def op_count(problem: Problem, variant: Variant | None = None) -> int:
+    """How many ops :func:`dag_for` ``(problem, variant)`` has, without building it."""
+    variant = variant or Variant.of_problem(problem)
+    kinds = 2 + variant.split_backward + 2 * variant.offload + variant.recompute
+    return problem.num_stages * problem.m * kinds
 
 
 def required_ops(dag: nx.DiGraph) -> list[OpKey]:

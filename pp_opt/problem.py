@@ -57,6 +57,10 @@ class Stage:
     """Host-to-device copy time of the whole activation ``m_b``."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.device, bool) or not isinstance(self.device, int) or self.device < 0:
+            raise ProblemError(
+                "device", f"got {self.device!r}; give the stage's device as an integer >= 0"
+            )
         for name in ("t_f", "t_b", "t_w", "m_b", "m_w", "m_in", "t_offload", "t_reload"):
             _check_number(name, getattr(self, name))
         if self.t_bw is not None:
@@ -171,9 +175,19 @@ class Problem:
             raise ProblemError("name", f"got {self.name!r}; expected a string")
         if self.unit not in ("m_b", "bytes"):
             raise ProblemError("unit", f"unknown {self.unit!r}; use 'm_b' or 'bytes'")
+        if not isinstance(self.extra, dict):
+            raise ProblemError("extra", f"got {type(self.extra).__name__}; expected a dict")
+        if not isinstance(self.host_links, tuple) or not all(
+            isinstance(g, tuple) for g in self.host_links
+        ):
+            raise ProblemError(
+                "host_links", f"got {self.host_links!r:.60}; expected a tuple of device tuples"
+            )
         seen: set[int] = set()
         for group in self.host_links:
             for d in group:
+                if isinstance(d, bool) or not isinstance(d, int):
+                    raise ProblemError("host_links", f"entry {d!r:.30} is not a device number")
                 if not 0 <= d < self.p:
                     raise ProblemError("host_links", f"device {d} is outside 0..{self.p - 1}")
                 if d in seen:
@@ -234,6 +248,11 @@ def uniform_problem(
 
     The default cap, ``2p`` activations, admits every classic schedule of ``p`` stages.
     """
+    for name, value in (("t_f", t_f), ("t_b", t_b), ("t_w", t_w), ("m_b", m_b), ("m_w", m_w),
+                        ("t_comm", t_comm), ("static", static)):  # fmt: skip
+        _check_number(name, value)
+    if cap is not None:
+        _check_number("cap", cap, bounded=False)
     devices_of = stage_devices(placement, p, v)
     stage = dict(t_f=t_f / v, t_b=t_b / v, t_w=t_w / v, m_b=m_b / v, m_w=m_w / v)
     stages = tuple(Stage(device=d, **stage) for d in devices_of)

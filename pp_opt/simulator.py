@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import networkx as nx
 
-from pp_opt.dag import dag_for, latency, required_ops
+from pp_opt.dag import dag_for, required_ops, stage_latency, successors
 from pp_opt.errors import DeadlockError, ProblemError
 from pp_opt.metrics import compute_metrics
 from pp_opt.ops import OpKey, OpKind, Stream, duration, stream_of
@@ -78,10 +78,13 @@ def simulate(
     timed: list[ScheduledOp] = []
     heap: list[tuple[float, int, int, QueueKey]] = []
 
+    cost = _durations(problem)
+
     def ready_time(key: OpKey, qk: QueueKey) -> float:
         t = stream_free[qk]
         for u, lag in preds[key]:
-            t = max(t, end[u] + lag)
+            if end[u] + lag > t:
+                t = end[u] + lag
         return t
 
     def push_head(qk: QueueKey) -> None:
@@ -100,8 +103,12 @@ def simulate(
         if start > ready:
             heapq.heappush(heap, (start, qk[0], _stream_rank(qk[1]), qk))
             continue
-        fraction = fractions.get(key, 1.0)
-        finish = start + duration(problem, key.kind, key.stage, fraction)
+        if fractions and key in fractions:
+            fraction = fractions[key]
+            finish = start + duration(problem, key.kind, key.stage, fraction)
+        else:
+            fraction = 1.0
+            finish = start + cost[key.kind, key.stage]
         timed.append(
             ScheduledOp(key.kind, key.stage, key.microbatch, qk[1], start, finish, fraction)
         )
@@ -189,6 +196,15 @@ def retime(schedule: Schedule, *, solver: SolverInfo | None = None) -> Schedule:
     return simulate(order_of(schedule), solver=solver)
 
 
+def _durations(problem: Problem) -> dict[tuple[OpKind, int], float]:
+    """:func:`~pp_opt.ops.duration` of every (kind, stage) of whole-activation ops."""
+    return {
+        (kind, stage): duration(problem, kind, stage)
+        for kind in OpKind
+        for stage in range(problem.num_stages)
+    }
+
+
 def _stream_rank(stream: Stream) -> int:
     return (Stream.COMPUTE, Stream.D2H, Stream.H2D).index(stream)
 
@@ -206,14 +222,17 @@ def _edges(
     """Predecessors (with latency) and successors among present ops, waits included."""
     preds: dict[OpKey, list[tuple[OpKey, float]]] = {key: [] for key in present}
     succs: dict[OpKey, list[OpKey]] = {key: [] for key in present}
-    adjacency = dag.succ
-    for u in dag:  # DAG order, so that every run lists the same edges in the same order
-        if u not in present:
+    adjacency = successors(dag)
+    lag = stage_latency(problem)
+    everything = len(present) == len(adjacency)  # no optional op left out: no membership tests
+    for u, after in adjacency.items():  # DAG order: every run lists the same edges alike
+        if not everything and u not in present:
             continue
-        for w in adjacency[u]:
-            if w in present:
-                preds[w].append((u, latency(problem, u, w)))
-                succs[u].append(w)
+        out = succs[u]
+        for w in after:
+            if everything or w in present:
+                preds[w].append((u, lag(u.stage, w.stage)))
+                out.append(w)
     for u, w in waits:
         if u not in present or w not in present:
             raise ProblemError("waits", f"{u} -> {w} names an op that is not in the order")
@@ -224,13 +243,15 @@ def _edges(
 
 def _check_order(problem: Problem, dag: nx.DiGraph, order: Streams) -> set[OpKey]:
     present: set[OpKey] = set()
+    devices = [problem.device_of(s) for s in range(problem.num_stages)]
+    streams = {kind: stream_of(kind) for kind in OpKind}
     for (device, stream), keys in order.items():
         for key in keys:
             if key not in dag:
                 raise ProblemError("order", f"{key} is not an op of this problem")
             if key in present:
                 raise ProblemError("order", f"{key} is listed twice; list each op once")
-            if problem.device_of(key.stage) != device or stream_of(key.kind) is not stream:
+            if devices[key.stage] != device or streams[key.kind] is not stream:
                 raise ProblemError(
                     "order",
                     f"{key} is listed on device {device} {stream.value}; it runs on device "

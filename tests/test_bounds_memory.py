@@ -72,6 +72,7 @@ def test_bound_never_above_a_proved_optimum(
     problem: Problem, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # CP-SAT proves the optimum on its own: the bound under test must not help it.
+    monkeypatch.setenv("PP_OPT_IN_PROCESS", "1")  # the patch must reach the backend
     monkeypatch.setattr("pp_opt.solvers.cpsat.objective.lower_bound", lambda *a, **k: 0.0)
     result = solve(problem, time_limit=20, seed=0)
     assert result.schedule.solver.extra["backend_status"] == "optimal"

@@ -8,10 +8,12 @@ long run is behind the ``fuzz`` marker: ``pytest -m fuzz`` (about a minute per t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import io
 import json
 import math
+import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -24,7 +26,7 @@ from hypothesis import strategies as st
 
 from pp_opt.cli import exit_codes, main
 from pp_opt.orders import baseline
-from pp_opt.problem import uniform_problem
+from pp_opt.problem import Problem, uniform_problem
 from pp_opt.problem_io import problem_to_dict
 from pp_opt.profiler.cards import load_hardware_card, load_model_card
 from pp_opt.schedule_io import dumps_schedule
@@ -287,3 +289,62 @@ test_fuzz_long_cards = long(fuzz(card_property, LONG, mutated(MODEL), mutated(HA
 test_fuzz_long_schedules = long(
     fuzz(schedule_property, LONG, mutated(SCHEDULE), st.sampled_from(COMMANDS))
 )
+
+# --- issue 16: the printed minimum cap is a promise ----------------------------------------
+
+costs = st.sampled_from([0.5, 1.0, 1.5, 2.25])
+
+
+@st.composite
+def small_problems(draw: st.DrawFn) -> Problem:
+    """Small problems of every placement, in activations or in bytes of a model's size."""
+    placement, v = draw(st.sampled_from([("loop", 1), ("loop", 2), ("v", 2)]))
+    scale = draw(st.sampled_from([1.0, 1.37 * 2**30]))
+    m_b = draw(st.sampled_from([0.5, 1.0, 1.3])) * scale
+    return uniform_problem(
+        p=draw(st.integers(2, 3)), m=draw(st.integers(2, 5)), placement=placement, v=v,
+        t_f=draw(costs), t_b=draw(costs), t_w=draw(costs), m_b=m_b,
+        m_w=draw(st.sampled_from([0.0, 0.3, 0.5])) * m_b,
+        static=draw(st.sampled_from([0.0, 0.7])) * scale,
+        t_comm=draw(st.sampled_from([0.0, 0.1])), unit="m_b" if scale == 1 else "bytes",
+    )  # fmt: skip
+
+
+PRINTED_CAP = re.compile(r"raise --cap to at least ([0-9.]+) (\(unit|bytes)")
+
+
+def min_cap_property(problem: Problem) -> None:
+    """At the cap ``pp-opt solve`` prints as the smallest, a valid schedule comes back
+    (exit 0); just below the smallest cap, exit 2."""
+    from pp_opt.bounds import check_caps
+    from pp_opt.errors import InfeasibleError
+    from pp_opt.schedule_io import load_schedule
+    from pp_opt.validator import validate
+
+    tight = problem.devices[0].static + 1e-3
+    with pytest.raises(InfeasibleError) as smallest:
+        check_caps(problem.replace(devices=tuple(dataclasses.replace(d, cap=tight)
+                                                 for d in problem.devices)))  # fmt: skip
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        path = root / "problem.json"
+        path.write_text(json.dumps({"format": "pp-opt.problem", **problem_to_dict(problem)}))
+        solve = ["solve", str(path), "--time-limit", "1", "--threads", "1", "-q", "--cap"]
+        code, text = run_cli([*solve, repr(tight)])
+        assert code == exit_codes.INFEASIBLE, text
+        printed = PRINTED_CAP.search(text)
+        assert printed is not None, text
+        out = root / "s.json"
+        code, text = run_cli([*solve, printed.group(1), "-o", str(out)])
+        assert code == exit_codes.OK, text
+        assert validate(load_schedule(out)) == []
+        code, text = run_cli([*solve, repr(smallest.value.min_cap * (1 - 1e-6))])
+        assert code == exit_codes.INFEASIBLE, text
+
+
+FEW = settings(max_examples=3, deadline=None, derandomize=True, database=None,
+               suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+SOME = settings(max_examples=25, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+test_fuzz_min_cap = fuzz(min_cap_property, FEW, small_problems())
+test_fuzz_long_min_cap = long(fuzz(min_cap_property, SOME, small_problems()))

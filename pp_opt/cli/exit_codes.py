@@ -15,6 +15,9 @@ TIME_LIMIT = 3
 """The time limit passed before any schedule was found; nothing was written."""
 OUTPUT = 4
 """An output file cannot be written (checked before long work); no file is damaged."""
+BACKEND_FAILED = 5
+"""A solver backend or the search died in native code (an abort, a segfault, killed for
+memory); the best schedule found before (the warm start at least) is written and valid."""
 INTERRUPTED = 130
 """Ctrl-C or SIGTERM: the best schedule found so far is written when there is one."""
 
@@ -24,6 +27,7 @@ TABLE = (
     (INFEASIBLE, "infeasible cap (prints the cap that works)"),
     (TIME_LIMIT, "time limit without any schedule"),
     (OUTPUT, "output not writable"),
+    (BACKEND_FAILED, "a solver backend crashed (best schedule so far saved)"),
     (INTERRUPTED, "interrupted (best schedule so far saved)"),
 )
 

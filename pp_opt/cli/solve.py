@@ -200,6 +200,12 @@ def _say_how_it_ended(schedule: Schedule, time_limit: float, *, wrote: bool) -> 
         kept = "wrote the best schedule found so far" if wrote else "best schedule shown above"
         say(f"{reason}: {kept}", err=True)
         raise typer.Exit(exit_codes.INTERRUPTED)
+    failure = schedule.solver.extra.get("backend_failure")
+    if failure:  # the warning that said so came when it happened
+        kept = "wrote" if wrote else "showed"
+        say(f"{failure['backend']} crashed ({failure['how']}): {kept} the best schedule "
+            "found before the crash", err=True)  # fmt: skip
+        raise typer.Exit(exit_codes.BACKEND_FAILED)
     if schedule.solver.status is Status.FEASIBLE:
         say(f"time limit ({time_limit:g} s): best schedule kept, not proved optimal", err=True)
 

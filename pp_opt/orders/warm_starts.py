@@ -14,7 +14,7 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from pp_opt.dag import dag_for
+from pp_opt.dag import dag_for, op_count
 from pp_opt.errors import PPOptError
 from pp_opt.order import Order
 from pp_opt.orders.common import same_placement
@@ -27,6 +27,15 @@ from pp_opt.schedule import Schedule, SolverInfo, Status
 from pp_opt.simulator import simulate
 
 log = logging.getLogger(__name__)
+
+LARGE_OPS = 20_000
+"""From this many ops (of the problem's own DAG) a warm-start search under a deadline
+tries :data:`QUICK_FIRST` first: every generator takes seconds there, and the first
+one found may be the only one the deadline allows."""
+QUICK_FIRST = ("1f1b", "zb-h1", "zb-v")
+"""Cheap to time (1F1B's fused backward has a third fewer ops) and within ``p``
+activations, so they fit most caps (ZB-V for the ``v`` placement, which the others leave);
+GPipe, first in the registry, holds all ``m``."""
 
 MEMORY_TOL = 1e-6
 """Relative slack on the caps, that of :func:`pp_opt.validator.validate`."""
@@ -79,6 +88,8 @@ def candidates(
         for name, entry in REGISTRY.items()
         if entry.warm_start and (names is None or name in names)
     ]
+    if deadline is not None and op_count(problem) >= LARGE_OPS:
+        entries.sort(key=lambda item: item[0] not in QUICK_FIRST)  # stable: the rest as listed
     for rank, (name, entry) in enumerate(entries):
         if found and _past(deadline):
             log.info("warm starts: out of time before %s", name)

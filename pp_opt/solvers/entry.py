@@ -18,7 +18,7 @@ import networkx as nx
 
 from pp_opt.arguments import check_solve
 from pp_opt.bounds import check_caps, lower_bound
-from pp_opt.dag import dag_for
+from pp_opt.dag import dag_for, op_count
 from pp_opt.errors import PPOptError, ProblemError, TimeLimitError
 from pp_opt.metrics import compute_metrics
 from pp_opt.order import Variant
@@ -29,6 +29,7 @@ from pp_opt.runtime_rules import in_runtime_order
 from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo, Status
 from pp_opt.simulator import retime
 from pp_opt.solvers.base import BackendResult, Progress, ProgressCallback, SolveOptions
+from pp_opt.solvers.isolation import improve_isolated, isolated, run_isolated
 from pp_opt.solvers.result import SolveResult, WarmStart
 from pp_opt.validator import ValidationError, check_schedule
 
@@ -51,9 +52,15 @@ WARM_START_SHARE = 0.5
 backend gets whatever is left. Small problems list every warm start in milliseconds;
 large ones keep the cheapest (the classic schedules come first)."""
 
+SEARCH_START_SECONDS_PER_OP = 2e-5
+"""The search starts only with at least this many seconds per op left: shipping the
+schedule to its child process and cutting its first window take about that long (a
+schedule of 120,000 ops needs 2.4 s), so a shorter remainder would overrun the limit."""
+
 Backend = Callable[[Problem, nx.DiGraph, SolveOptions], BackendResult]
 
 
+@isolated  # the backend and the search run in a child process (pp_opt.solvers.isolation)
 def solve(
     problem: Problem,
     *,
@@ -112,13 +119,12 @@ def solve(
     check_caps(problem, fractions if problem.offload else ())
     warm = _warm_start(problem, warm_start, fractions, started + WARM_START_SHARE * time_limit)
     options.warm_start = warm[1] if warm else None
-    dag = dag_for(problem)
     # CP-SAT solves get a large-neighbourhood search after the full model (or instead of
     # it, when the model is too large to search well): it improves a valid schedule.
     search = solver == "cpsat" and warm is not None
-    full = not (search and dag.number_of_nodes() > FULL_MODEL_OPS)
-    result = _run_backend(solver, problem, dag, options, end, share=FULL_MODEL_SHARE if search
-                          else 1.0) if full else _skipped()  # fmt: skip
+    full = not (search and op_count(problem) > FULL_MODEL_OPS)  # the DAG only when needed
+    result = _run_backend(solver, problem, dag_for(problem), options, end, share=FULL_MODEL_SHARE
+                          if search else 1.0) if full else _skipped()  # fmt: skip
     found = _checked(problem, result, solver)
     bound = lower_bound(problem, options.objective, offload_fractions=fractions)
     if result.bound is not None:
@@ -284,7 +290,7 @@ def _run_backend(
     if left <= 0:  # the warm starts used all the time
         return _skipped()
     options.time_limit = max(0.1, share * left)
-    return _backend(solver)(problem, dag, options)
+    return run_isolated(solver, partial(_backend, solver), problem, dag, options)
 
 
 def _improve(
@@ -297,9 +303,10 @@ def _improve(
     """The large-neighbourhood search from ``schedule`` until ``end``, reporting progress;
     also the windows it tried and how many improved the schedule."""
     from pp_opt.solvers.interrupt import guarded, running_search
-    from pp_opt.solvers.lns import SearchStats, improve  # OR-Tools loads slowly
 
-    stats = SearchStats()
+    if end - time.perf_counter() < SEARCH_START_SECONDS_PER_OP * len(schedule.ops):
+        log.info("no time left to search %d ops", len(schedule.ops))
+        return schedule, 0, 0
     with running_search() as search:
         report = guarded(options.progress, search)
 
@@ -308,9 +315,10 @@ def _improve(
                 report(Progress(seconds=time.perf_counter() - started, objective=_value(better),
                                 bound=bound))  # fmt: skip
 
-        best = improve(schedule, deadline=end, threads=options.threads, seed=options.seed,
-                       on_improve=on_improve, stats=stats, search=search)  # fmt: skip
-    return best, stats.windows, stats.improvements
+        found = improve_isolated(schedule, deadline=end, threads=options.threads,
+                                  seed=options.seed, on_improve=on_improve,
+                                  search=search)  # fmt: skip
+    return found.best, found.windows, found.improvements
 
 
 def _backend(solver: str) -> Backend:

@@ -115,6 +115,18 @@ def handling_signals() -> bool:
 _scope_depth = [0]
 
 
+@contextlib.contextmanager
+def relayed_signals() -> Iterator[None]:
+    """Signals are handled elsewhere and arrive as :func:`request_stop` calls (in the child
+    process of :mod:`pp_opt.solvers.isolation`): backends leave SIGINT alone, as under
+    :func:`stop_on_signals`."""
+    _scope_depth[0] += 1
+    try:
+        yield
+    finally:
+        _scope_depth[0] -= 1
+
+
 def guarded(progress: ProgressCallback | None, search: Search) -> ProgressCallback | None:
     """``progress`` wrapped so that an error in it stops ``search`` instead of escaping.
 

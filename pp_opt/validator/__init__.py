@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
 from pp_opt.errors import ProblemError
-from pp_opt.schedule import Schedule
-from pp_opt.validator.context import make_context
+from pp_opt.order import Variant
+from pp_opt.problem import Problem
+from pp_opt.schedule import Metrics, Schedule, ScheduledOp
+from pp_opt.validator.context import Context, make_context
 from pp_opt.validator.memory_check import check_memory
 from pp_opt.validator.offload_checks import check_offload
 from pp_opt.validator.op_checks import check_each_op, check_presence
@@ -62,6 +67,60 @@ def validate(schedule: Schedule, *, tol: float = 1e-6) -> list[Violation]:
         raise ProblemError("tol", f"got {tol!r}; give a small non-negative number such as 1e-6")
     if not (math.isfinite(tol) and tol >= 0):
         raise ProblemError("tol", f"got {tol!r}; give a small non-negative number such as 1e-6")
+    done = _op_checks(schedule, tol)
+    violations = [
+        *done.violations,
+        *done.metric_checks(schedule.metrics),
+        *check_lower_bound(done.ctx, schedule.solver),
+    ]
+    logger.debug(
+        "validated %d ops: %d violation(s)%s",
+        len(schedule.ops),
+        len(violations),
+        f", first: {violations[0]}" if violations else "",
+    )
+    return violations
+
+
+_CHECKED: OrderedDict[tuple[int, Problem, Variant, float], _Checked] = OrderedDict()
+"""The last few op checks: a schedule made from the same ops tuple (the solver's result
+re-wrapped with its record, a schedule saved after a solve) is not checked twice."""
+_CHECKED_KEPT = 4
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """The violations of one ops tuple: the checks of the ops, and of each metrics seen."""
+
+    ops: tuple[ScheduledOp, ...]
+    """Held, so that its ``id`` is not reused while the entry lives."""
+    ctx: Context
+    violations: list[Violation]
+    metrics: dict[tuple[float, ...], list[Violation]] = field(default_factory=dict)
+
+    def metric_checks(self, metrics: Metrics) -> list[Violation]:
+        """:func:`check_metrics` of ``metrics`` (once per set of values)."""
+        values = (metrics.makespan, metrics.bubble_rate, metrics.idle_fraction,
+                  *metrics.span, *metrics.peak_memory, *metrics.busy)  # fmt: skip
+        with _lock:
+            found = self.metrics.get(values)
+        if found is None:
+            found = check_metrics(self.ctx, metrics)
+            with _lock:
+                self.metrics[values] = found
+        return found
+
+
+def _op_checks(schedule: Schedule, tol: float) -> _Checked:
+    """The checks that depend only on the problem, the variant and the ops (all but the
+    stored metrics and lower bound), done once per ops tuple."""
+    key = (id(schedule.ops), schedule.problem, schedule.variant, tol)
+    with _lock:
+        done = _CHECKED.get(key)
+        if done is not None and done.ops is schedule.ops:
+            _CHECKED.move_to_end(key)
+            return done
     ctx = make_context(schedule, tol)
     violations = [
         *check_presence(ctx),
@@ -72,16 +131,13 @@ def validate(schedule: Schedule, *, tol: float = 1e-6) -> list[Violation]:
         *check_streams(ctx),
         *check_host_links(ctx),
         *check_memory(ctx),
-        *check_metrics(ctx, schedule.metrics),
-        *check_lower_bound(ctx, schedule.solver),
     ]
-    logger.debug(
-        "validated %d ops: %d violation(s)%s",
-        len(schedule.ops),
-        len(violations),
-        f", first: {violations[0]}" if violations else "",
-    )
-    return violations
+    done = _Checked(ops=schedule.ops, ctx=ctx, violations=violations)
+    with _lock:
+        _CHECKED[key] = done
+        while len(_CHECKED) > _CHECKED_KEPT:
+            _CHECKED.popitem(last=False)
+    return done
 
 
 def check_schedule(schedule: Schedule, *, tol: float = 1e-6) -> Schedule:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import networkx as nx
 
@@ -36,6 +37,8 @@ class Context:
     """Slack for comparing memory: ``tol * max(1, largest cap)``."""
     tol: float
     """The relative tolerance itself (for ratios such as ``bubble_rate``)."""
+    memory_events: dict[int, Any] = field(default_factory=dict)
+    """Per device, its sorted memory events once a check has listed them (two checks do)."""
 
     def device_of(self, op: ScheduledOp) -> int:
         return self.problem.device_of(op.stage)
@@ -55,8 +58,9 @@ def make_context(schedule: Schedule, tol: float) -> Context:
         by_device[problem.device_of(op.stage)].append(op)
     first: dict[OpKey, ScheduledOp] = {}
     for op in sorted(placed, key=lambda o: (o.start, o.end)):
-        if op.key in dag:
-            first.setdefault(op.key, op)
+        key = op.key
+        if key in dag:
+            first.setdefault(key, op)
     # Rounding grows with the size of the numbers, so the slack follows the largest time.
     largest_time = max((max(abs(op.start), abs(op.end)) for op in placed), default=0.0)
     largest_cap = max(device.cap for device in problem.devices)

@@ -25,6 +25,53 @@ class Level:
     op: ScheduledOp
 
 
+def _events(
+    ctx: Context, device: int
+) -> tuple[list[tuple[float, float, int]], list[float], list[float], list[ScheduledOp]]:
+    """The device's allocations ``(time, delta, op index)`` in time order (ties by stage,
+    microbatch, kind), its frees' times and deltas in time order, and its ops."""
+    if device not in ctx.memory_events:
+        ctx.memory_events[device] = _list_events(ctx, device)
+    found: tuple[list[tuple[float, float, int]], list[float], list[float], list[ScheduledOp]]
+    found = ctx.memory_events[device]
+    return found
+
+
+def _list_events(
+    ctx: Context, device: int
+) -> tuple[list[tuple[float, float, int]], list[float], list[float], list[ScheduledOp]]:
+    own = ctx.by_device[device]
+    allocations: list[tuple[float, int, int, str, float, int]] = []
+    frees: list[tuple[float, float]] = []
+    for i, op in enumerate(own):
+        recomputed = (op.stage, op.microbatch) in ctx.recomputed
+        at_start, at_end = memory_delta(
+            ctx.problem, op.kind, op.stage, fraction=op.fraction, recomputed=recomputed
+        )
+        for time, delta in ((op.start, at_start), (op.end, at_end)):
+            if delta > 0:
+                allocations.append((time, op.stage, op.microbatch, op.kind.value, delta, i))
+            elif delta < 0:
+                frees.append((time, delta))
+    allocations.sort()
+    frees.sort()
+    return ([(a[0], a[4], a[5]) for a in allocations], [f[0] for f in frees],
+            [f[1] for f in frees], own)  # fmt: skip
+
+
+def _sweep(ctx: Context, device: int, slack: float) -> Iterator[tuple[float, float, ScheduledOp]]:
+    """``(time, level, op)`` after each allocation on ``device``, in time order."""
+    allocations, free_times, free_deltas, own = _events(ctx, device)
+    level = ctx.problem.devices[device].static
+    next_free, n_frees = 0, len(free_times)
+    for time, delta, i in allocations:
+        while next_free < n_frees and free_times[next_free] <= time + slack:
+            level += free_deltas[next_free]
+            next_free += 1
+        level += delta
+        yield time, level, own[i]
+
+
 def device_levels(ctx: Context, device: int, *, slack: float) -> Iterator[Level]:
     """The level after each allocation on ``device``, in time order.
 
@@ -32,27 +79,7 @@ def device_levels(ctx: Context, device: int, *, slack: float) -> Iterator[Level]
     be broken. Frees up to ``slack`` after an allocation count as before it
     (at equal times frees happen first; the slack absorbs rounding of times).
     """
-    allocations: list[tuple[float, float, ScheduledOp]] = []
-    frees: list[tuple[float, float]] = []
-    for op in ctx.by_device[device]:
-        recomputed = (op.stage, op.microbatch) in ctx.recomputed
-        deltas = memory_delta(
-            ctx.problem, op.kind, op.stage, fraction=op.fraction, recomputed=recomputed
-        )
-        for time, delta in zip((op.start, op.end), deltas, strict=True):
-            if delta > 0:
-                allocations.append((time, delta, op))
-            elif delta < 0:
-                frees.append((time, delta))
-    allocations.sort(key=lambda a: (a[0], a[2].stage, a[2].microbatch, a[2].kind.value))
-    frees.sort()
-    level = ctx.problem.devices[device].static
-    next_free = 0
-    for time, delta, op in allocations:
-        while next_free < len(frees) and frees[next_free][0] <= time + slack:
-            level += frees[next_free][1]
-            next_free += 1
-        level += delta
+    for time, level, op in _sweep(ctx, device, slack):
         yield Level(time=time, level=level, op=op)
 
 
@@ -60,7 +87,7 @@ def peak_levels(ctx: Context) -> list[float]:
     """Highest static + activation memory of each device (exact times, frees first)."""
     peaks = []
     for device in range(ctx.problem.p):
-        levels = [lv.level for lv in device_levels(ctx, device, slack=0.0)]
+        levels = [level for _, level, _ in _sweep(ctx, device, 0.0)]
         peaks.append(max([ctx.problem.devices[device].static, *levels]))
     return peaks
 
@@ -71,9 +98,9 @@ def check_memory(ctx: Context) -> list[Violation]:
     for device in range(ctx.problem.p):
         cap = ctx.problem.devices[device].cap
         over = [
-            lv
-            for lv in device_levels(ctx, device, slack=ctx.time_tol)
-            if lv.level - cap > ctx.memory_tol
+            Level(time=time, level=level, op=op)
+            for time, level, op in _sweep(ctx, device, ctx.time_tol)
+            if level - cap > ctx.memory_tol
         ]
         if not over:
             continue

@@ -60,7 +60,17 @@ def _solve(
     params.max_time_in_seconds = max(0.01, options.time_limit - (time.perf_counter() - started))
     params.num_workers = max(1, options.threads)
     params.random_seed = options.seed
+    # interleave_search stays: it is what makes a multi-threaded search repeatable (the same
+    # seed and threads give the same schedule, as the README says); without it CP-SAT's
+    # parallel portfolio returns whichever worker's solution came first. Its one known abort
+    # (OR-Tools 9.15: ``Check failed: heuristics.fixed_search != nullptr``, SIGABRT) comes
+    # with a hint that the model rejects, e.g. a warm start exactly at the printed minimum
+    # cap that the model's memory rounding puts just over it: _drop_rejected_hint finds
+    # such a hint first (presolve with the hint fixed, milliseconds) and drops it. Any other
+    # native abort costs only this backend's answer (pp_opt.solvers.isolation).
     params.interleave_search = options.threads > 1
+    if params.interleave_search:
+        _drop_rejected_hint(built.model, options, started)
     if handling_signals():  # the command line's handler stops the search (and says so)
         params.catch_sigint_signal = False
     callback = _ProgressCallback(
@@ -88,6 +98,33 @@ def _solve(
         seconds=seconds,
         ops=read_ops(solver, built.vars),
     )
+
+
+HINT_CHECK_SHARE = 0.1
+"""Share of the backend's time the hint check may take at most (it stops at presolve when
+the hint is wrong, and at the first solution when it is right)."""
+
+
+def _drop_rejected_hint(model: cp_model.CpModel, options: SolveOptions, started: float) -> None:
+    """Remove the model's hint when CP-SAT proves no solution extends it.
+
+    CP-SAT with ``interleave_search`` aborts the process on such a hint (see the comment in
+    :func:`_solve`); a rejected hint is of no use to the search anyway.
+    """
+    if not len(model.proto.solution_hint.vars):
+        return
+    left = options.time_limit - (time.perf_counter() - started)
+    check = cp_model.CpSolver()
+    check.parameters.num_workers = 1
+    check.parameters.random_seed = options.seed
+    check.parameters.fix_variables_to_their_hinted_value = True
+    check.parameters.stop_after_first_solution = True
+    check.parameters.max_time_in_seconds = max(0.01, HINT_CHECK_SHARE * left)
+    if handling_signals():
+        check.parameters.catch_sigint_signal = False
+    if check.solve(model) == cp_model.INFEASIBLE:
+        log.info("cpsat: the warm start's hint does not fit the model; solving without it")
+        model.clear_hints()  # type: ignore[no-untyped-call]
 
 
 STOP_DELAY = 0.25
