@@ -75,6 +75,8 @@ class Scored:
     mfu: float | None = None
     peak_memory: list[float] = field(default_factory=list)
     """Per device: static plus activation memory at its peak."""
+    memory_bound: bool = False
+    """Some device lacks room for one more of its largest activations at its peak."""
     gap: float | None = None
     """The schedule's gap to its makespan lower bound."""
     lower_bound: float | None = None
@@ -106,6 +108,7 @@ class Scored:
                     "tokens_per_s_per_gpu", "mfu"):  # fmt: skip
             out[key] = getattr(self, key)
         out["peak_memory"] = list(self.peak_memory)
+        out["memory_bound"] = self.memory_bound
         out["status"] = self.status
         out["gap"] = self.gap
         out["lower_bound"] = self.lower_bound
@@ -168,6 +171,11 @@ def _score(out: Scored, job: Job, schedule: Schedule) -> None:
     out.tokens_per_s_per_gpu = figures.tokens_per_s_per_gpu
     out.mfu = figures.mfu
     out.peak_memory = list(schedule.metrics.peak_memory)
+    out.memory_bound = any(
+        out.peak_memory[d] + max(problem.stages[s].m_b for s in problem.stages_on(d))
+        > problem.devices[d].cap
+        for d in range(problem.p)
+    )
     out.status = str(schedule.solver.status)
     out.gap = schedule.solver.gap
     out.lower_bound = schedule.solver.lower_bound

@@ -61,6 +61,7 @@ def plan(
     splits: int = 2,
     refine_top: int = 3,
     seed: int = 0,
+    threads: int = 1,
     progress: ProgressFn | None = None,
 ) -> Plan:
     """Rank the configurations of one training job by step time.
@@ -85,8 +86,9 @@ def plan(
         Layer splits tried per configuration.
     refine_top
         Best candidates solved again with the time left.
-    seed
-        Solver seed.
+    seed, threads
+        Solver seed and threads per solve (the same seed and threads, and solves that end
+        before their limits, give the same plan on every executor).
     progress
         Called as candidates finish.
 
@@ -101,6 +103,7 @@ def plan(
     integer("splits", splits, low=1, high=3)
     integer("refine_top", refine_top, low=0, high=100)
     integer("workers", workers, low=1, high=1024)
+    integer("threads", threads, low=1, high=1024)
     card = load_model_card(model)
     inputs = PlanInputs(
         model=card, hardware=load_hardware_card(hardware), gpus=gpus,
@@ -124,7 +127,6 @@ def plan(
     feasible = sum(b.infeasible is None for b in bounded)
     owned = executor is None
     runner = executor if executor is not None else make_executor(workers=workers, ray=ray)
-    threads = 2 if runner.workers == 1 else 1
     short = short_limit(time_limit, feasible, runner.workers)
     total = len(bounded) + unsplit
     try:

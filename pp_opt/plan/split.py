@@ -116,9 +116,13 @@ class SplitModel:
 
     def proxy(self, split: Sequence[int]) -> int:
         """The makespan proxy ``T`` of ``split`` (µs), as the CP-SAT model computes it."""
+        return self.score(split, self.k)[0]
+
+    def score(self, split: Sequence[int], k: Sequence[int]) -> tuple[int, int, int]:
+        """``(T, lower-bound row, tie)``: what :func:`best_split` minimises, in that order."""
         costs = [self.stage(s, n) for s, n in enumerate(split)]
         largest = max(c[0] + c[1] + c[2] for c in costs)
-        best = 0
+        classic = rows = 0
         for d in range(self.p):
             mine = [s for s in range(self.stages) if self.devices[s] == d]
             s0 = min(mine)
@@ -129,8 +133,10 @@ class SplitModel:
                 drain = sum(costs[s][1] for s in range(s0)) + costs[0][2] + hops * self.t_comm
             fb = self.m * sum(costs[s][0] + costs[s][1] for s in mine)
             w = self.m * sum(costs[s][2] for s in mine)
-            best = max(best, fill + fb + max(w, drain), fb + w + (self.p - 1) * largest)
-        return best
+            rows = max(rows, fill + fb + max(w, drain))
+            classic = max(classic, fb + w + (self.p - 1) * largest)
+        tie = sum(k[s] * n for s, n in enumerate(split))
+        return max(classic, rows), rows, tie
 
     def memory(self, split: Sequence[int], k: Sequence[int]) -> list[int]:
         """Per device: static plus ``k_s x m_b(s)`` over its stages (MiB)."""
