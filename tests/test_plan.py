@@ -232,3 +232,36 @@ def test_bad_flags_are_one_line_errors(
         capsys,
     )
     assert code == 1 and err.startswith(message) and err.count("\n") == 1
+
+
+def test_the_report_folds_candidates_that_differ_only_in_their_switches(serial: Plan) -> None:
+    from dataclasses import replace
+
+    from pp_opt.plan.report import plan_report
+
+    best = serial.candidates[0]
+    config = replace(best.candidate.config, offload=True)
+    twin = replace(best, candidate=replace(best.candidate, config=config))
+    folded = replace(serial, candidates=[best, twin, *serial.candidates[1:]])
+    text = plan_report(folded)
+
+    def ranked_rows(report: str) -> int:
+        return sum(line.lstrip()[:1].isdigit() for line in report.splitlines())
+
+    assert "(+1 alike)" in text and ranked_rows(text) == ranked_rows(plan_report(serial))
+
+
+def test_training_settings_name_the_split_or_say_what_is_missing(serial: Plan) -> None:
+    from pp_opt.plan.training import MISSING, training_settings
+
+    best = serial.candidates[0]
+    settings = training_settings(best, n_layers=6, global_batch=8, schedule_csv="best.csv")
+    assert settings["layers"] == list(best.candidate.layers)
+    try:
+        import pp_opt.export.training_config  # noqa: F401
+    except ImportError:
+        assert settings["note"] == MISSING
+    else:
+        torchtitan = settings["torchtitan"]
+        assert torchtitan["pipeline_parallel_degree"] == best.candidate.config.pp
+        assert "--pipeline-model-parallel-size" in settings["megatron"]

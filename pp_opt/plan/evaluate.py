@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pp_opt.errors import InfeasibleError, TimeLimitError
+from pp_opt.errors import InfeasibleError, PPOptError, TimeLimitError
 from pp_opt.plan.config import Candidate, PlanInputs
 from pp_opt.plan.problems import (
     OFFLOAD_FRACTIONS,
@@ -65,8 +65,8 @@ class Scored:
     label: str = ""
     """The job's label."""
     status: str
-    """The schedule's status (``optimal``, ``feasible``, ``heuristic``), or ``infeasible``
-    / ``timeout`` when there is none."""
+    """The schedule's status (``optimal``, ``feasible``, ``heuristic``), or ``infeasible``,
+    ``timeout`` or ``error`` when there is none (``note`` says why)."""
     iteration_makespan: float | None = None
     dp_sync: float | None = None
     optimizer_step: float | None = None
@@ -129,6 +129,8 @@ def evaluate(job: Job) -> Scored:
         base.status, base.note = "infeasible", str(err)
     except TimeLimitError as err:
         base.status, base.note = "timeout", str(err)
+    except PPOptError as err:  # a problem the solver refuses must not end the whole plan
+        base.status, base.note = "error", str(err)
     else:
         _score(base, job, schedule)
     base.seconds = time.perf_counter() - started

@@ -45,9 +45,9 @@ def plot_plan(plan: Plan, ax: Axes | None = None, *, title: bool = True) -> Axes
     ok = [s for s in plan.candidates if s.ok]
     ax.scatter([_memory(s) for s in ok], [_time(s) for s in ok], s=14, color="#4878d0",
                alpha=0.6, label=f"{len(ok)} candidates")  # fmt: skip
-    front = pareto_front(ok)
+    front = sorted(pareto_front(ok), key=_memory)  # the best step time within each memory
     ax.plot([_memory(s) for s in front], [_time(s) for s in front], color="#d65f5f",
-            marker="o", markersize=5, label="Pareto front")  # fmt: skip
+            marker="o", markersize=5, drawstyle="steps-post", label="Pareto front")  # fmt: skip
     if ok:
         best = ok[0]
         ax.scatter([_memory(best)], [_time(best)], marker="*", s=160, color="#d65f5f",

@@ -70,7 +70,7 @@ def bound_candidate(inputs: PlanInputs, candidate: Candidate) -> Bounded:
     except ProblemError as err:
         if err.field == "hardware":  # weights, gradients and optimizer state alone overflow
             return Bounded(candidate=candidate, infeasible="static memory over the cap")
-        raise
+        return Bounded(candidate=candidate, infeasible=f"rejected by the profiler ({err.field})")
     cap = min(d.cap for d in problem.devices)
     if min_feasible_cap(problem, OFFLOAD_FRACTIONS) > cap * (1 + 1e-12):
         return Bounded(candidate=candidate, infeasible="activation memory over the cap")

@@ -37,6 +37,24 @@ def _table(rows: Sequence[Sequence[str]]) -> list[str]:
     return lines
 
 
+def _distinct(ranked: Sequence[Scored]) -> list[tuple[int, Scored, int]]:
+    """``(rank, candidate, alike)``: each candidate that differs from those above it by more
+    than its recompute, offload or sharding switches, or has another step time; ``alike``
+    counts those folded into it."""
+    out: list[tuple[int, Scored, int]] = []
+    seen: dict[tuple[object, ...], int] = {}
+    for rank, s in enumerate(ranked, start=1):
+        c = s.candidate.config
+        key = (c.tp, c.pp, c.v, c.placement, c.mbs, s.candidate.layers, round(s.step_time or 0, 3))
+        if key in seen:
+            first, best, alike = out[seen[key]]
+            out[seen[key]] = (first, best, alike + 1)
+        else:
+            seen[key] = len(out)
+            out.append((rank, s, 0))
+    return out
+
+
 def plan_report(plan: Plan, *, top: int = 10) -> str:
     """Top ``top`` candidates, the defaults, pruned and skipped counts, training settings."""
     i = plan.inputs
@@ -45,8 +63,18 @@ def plan_report(plan: Plan, *, top: int = 10) -> str:
         f"seq {i.seq}: {plan.configurations} configurations, {len(plan.candidates)} candidates "
         f"ranked, {sum(plan.pruned.values())} pruned, {plan.seconds:.1f} s"
     ]
-    rows = [list(HEADER)] + [_row(str(n + 1), s) for n, s in enumerate(plan.candidates[:top])]
+    rows = [list(HEADER)]
+    for rank, s, alike in _distinct(plan.candidates)[:top]:
+        row = _row(str(rank), s)
+        if alike:
+            row[1] += f" (+{alike} alike)"
+        rows.append(row)
     lines += _table(rows)
+    if any(alike for _, _, alike in _distinct(plan.candidates)[:top]):
+        lines.append(
+            "(+n alike: as many more candidates, the same but for recompute, offload or "
+            "optimizer sharding, have the same step time)"
+        )
     if plan.baselines:
         lines.append("defaults on the same costs:")
         lines += _table([list(HEADER)] + [_row("", s) for s in plan.baselines])
