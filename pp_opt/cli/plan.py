@@ -100,7 +100,11 @@ def plan(
 ) -> None:
     """Rank the configurations of a training job by step time (tp, pp, dp, v, placement,
     mbs, layer split, recompute, offload, optimizer sharding), each with a solved schedule,
-    beside torchtitan's and Megatron-LM's defaults."""
+    beside torchtitan's and Megatron-LM's defaults.
+
+    Ctrl-C or SIGTERM stops submitting candidates; the plan of those solved is written
+    (exit 130).
+    """
     from pp_opt.plan import Pins
     from pp_opt.plan import plan as run_plan
 
@@ -142,6 +146,12 @@ def plan(
     for path in (output, schedule, torch_csv, plot):
         if path is not None and (path != schedule or best is not None):
             say(f"wrote {path}")
+    from pp_opt.solvers.interrupt import stop_requested
+
+    reason = stop_requested()
+    if reason is not None:
+        say(f"{reason}: wrote the plan of the candidates solved so far", err=True)
+        raise typer.Exit(exit_codes.INTERRUPTED)
     if result.best is None:
         say("error: no configuration has a schedule that fits the memory", err=True)
         raise typer.Exit(exit_codes.INFEASIBLE)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import signal
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any, Protocol
@@ -55,6 +56,12 @@ class SerialExecutor:
         self._jobs.clear()
 
 
+def _leave_signals_to_the_parent() -> None:
+    """Workers ignore SIGINT: Ctrl-C reaches the whole process group, and the plan (in the
+    parent) stops submitting and keeps what its workers finish."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class PoolExecutor:
     """A local pool of ``workers`` processes (spawned: nothing of this process is shared)."""
 
@@ -63,7 +70,9 @@ class PoolExecutor:
             raise ProblemError("workers", f"got {workers!r}; give an integer of at least 1")
         self.workers = workers
         context = multiprocessing.get_context("spawn")
-        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+        self._pool = ProcessPoolExecutor(
+            max_workers=workers, mp_context=context, initializer=_leave_signals_to_the_parent
+        )
         self._futures: dict[Future[Scored], int] = {}
         self._count = 0
 

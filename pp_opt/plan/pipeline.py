@@ -24,6 +24,7 @@ from pp_opt.plan.result import Plan
 from pp_opt.plan.search import ProgressFn, refine, solve_survivors
 from pp_opt.plan.space import enumerate_configs
 from pp_opt.profiler.cards import HardwareCard, ModelCard, load_hardware_card, load_model_card
+from pp_opt.solvers.interrupt import stop_requested
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ def plan(
         )  # fmt: skip
         ranked = sorted((s for s in found.scored if s.ok), key=Scored.sort_key)
         defaults: list[Scored] = []
-        if ranked:
+        if ranked and stop_requested() is None:
             defaults = _baselines(inputs, ranked[0], runner, short=short, seed=seed,
                                   threads=threads, deadline=end)  # fmt: skip
         refine(inputs, found, runner, count=refine_top, deadline=end, seed=seed, threads=threads)

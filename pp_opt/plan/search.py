@@ -23,12 +23,14 @@ from pp_opt.plan.config import Candidate, PlanInputs
 from pp_opt.plan.evaluate import Job, Scored
 from pp_opt.plan.executors import Executor
 from pp_opt.plan.problems import Bounded
+from pp_opt.solvers.interrupt import stop_requested
 
 log = logging.getLogger(__name__)
 
 PRUNED_BY_BOUND = "lower bound above the best found"
 PRUNED_BY_TIME = "time limit reached before it was solved"
 PRUNED_BY_MEMORY = "memory not binding without recompute or offload"
+NOT_SOLVED_INTERRUPTED = "interrupted before it was solved"
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +120,10 @@ def solve_survivors(
     i = 0
     while i < len(queue) or executor.pending():
         while i < len(queue) and executor.pending() < executor.workers:
+            if stop_requested() is not None:
+                out.pruned[NOT_SOLVED_INTERRUPTED] += len(queue) - i
+                i = len(queue)
+                break
             item = queue[i]
             i += 1
             if item.step_bound > _kth_best(out.scored, keep) + 1e-9:
@@ -167,7 +173,7 @@ def refine(
         if len(chosen) == count:
             break
     chosen = [s for s in chosen if s.status != "optimal"]
-    if not chosen:
+    if not chosen or stop_requested() is not None:
         return
     rounds = -(-len(chosen) // executor.workers)
     limit = (deadline - time.perf_counter()) / rounds

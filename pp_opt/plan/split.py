@@ -250,6 +250,7 @@ def _solver() -> cp_model.CpSolver:
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = 0
     solver.parameters.max_deterministic_time = SPLIT_WORK_LIMIT
+    solver.parameters.catch_sigint_signal = False  # leave Ctrl-C to the plan
     return solver
 
 
