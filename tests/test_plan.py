@@ -265,3 +265,14 @@ def test_training_settings_name_the_split_or_say_what_is_missing(serial: Plan) -
         torchtitan = settings["torchtitan"]
         assert torchtitan["pipeline_parallel_degree"] == best.candidate.config.pp
         assert "--pipeline-model-parallel-size" in settings["megatron"]
+
+
+def test_a_stop_request_ends_the_plan_with_what_was_solved() -> None:
+    from pp_opt.plan.search import NOT_SOLVED_INTERRUPTED
+    from pp_opt.solvers.interrupt import request_stop, stop_on_signals
+
+    with stop_on_signals():
+        request_stop("interrupted by a test")
+        stopped = small_plan(workers=1)
+    assert stopped.candidates == [] and stopped.baselines == []
+    assert stopped.pruned[NOT_SOLVED_INTERRUPTED] > 0
