@@ -3,6 +3,7 @@
 A short pipeline of named steps, each a plain function of its own module:
 
 1. :func:`~pp_opt.plan.space.enumerate_configs`: legal configurations (skipped ones counted);
+   steps 1 to 3 together: :func:`~pp_opt.plan.pipeline.prepare`;
 2. :func:`~pp_opt.plan.candidates.split_layers`: a few layer splits per configuration, from a
    small CP-SAT model over the layer boundaries (:mod:`pp_opt.plan.split`);
 3. :func:`~pp_opt.plan.problems.bound_candidate`: lower bounds and memory feasibility;

@@ -68,11 +68,17 @@ class Scored:
     """The schedule's status (``optimal``, ``feasible``, ``heuristic``), or ``infeasible``,
     ``timeout`` or ``error`` when there is none (``note`` says why)."""
     iteration_makespan: float | None = None
+    """Makespan of one pipeline's schedule (None: no schedule)."""
     dp_sync: float | None = None
+    """Gradient all-reduce time past the makespan (:mod:`pp_opt.plan.step`)."""
     optimizer_step: float | None = None
+    """Optimizer step of the slowest device."""
     step_time: float | None = None
+    """``iteration_makespan + dp_sync + optimizer_step``."""
     tokens_per_s_per_gpu: float | None = None
+    """Tokens per second per GPU."""
     mfu: float | None = None
+    """Model FLOPs utilisation."""
     peak_memory: list[float] = field(default_factory=list)
     """Per device: static plus activation memory at its peak."""
     memory_bound: bool = False

@@ -19,10 +19,10 @@ from pp_opt.plan.candidates import split_layers
 from pp_opt.plan.config import Pins, PlanInputs
 from pp_opt.plan.evaluate import SOLVED, Job, Scored
 from pp_opt.plan.executors import Executor, make_executor
-from pp_opt.plan.problems import bound_candidate
+from pp_opt.plan.problems import Bounded, bound_candidate
 from pp_opt.plan.result import Plan
 from pp_opt.plan.search import ProgressFn, refine, solve_survivors
-from pp_opt.plan.space import enumerate_configs
+from pp_opt.plan.space import Enumeration, enumerate_configs
 from pp_opt.profiler.cards import HardwareCard, ModelCard, load_hardware_card, load_model_card
 from pp_opt.solvers.interrupt import stop_requested
 
@@ -44,6 +44,29 @@ def short_limit(time_limit: float, candidates: int, workers: int) -> float:
         return low
     share = SCREEN_SHARE * time_limit * workers / candidates
     return max(low, min(high, share, SCREEN_SHARE * time_limit))
+
+
+NO_SPLIT = "infeasible: no layer split fits the memory"
+
+
+def prepare(
+    inputs: PlanInputs, pins: Pins, *, splits: int = 2
+) -> tuple[Enumeration, list[Bounded], Counter[str]]:
+    """Steps 1 to 3: the legal configurations, their split candidates with bounds, and the
+    infeasible ones counted by reason (a configuration without a split counts once)."""
+    enumeration = enumerate_configs(inputs, pins)
+    if not enumeration.configs:
+        reasons = ", ".join(sorted(enumeration.skipped)) or "nothing to try"
+        raise ProblemError("gpus", f"no legal configuration ({reasons}); change the pins")
+    candidates, unsplit = split_layers(inputs, enumeration.configs, count=splits)
+    pruned: Counter[str] = Counter()
+    if unsplit:
+        pruned[NO_SPLIT] += unsplit
+    bounded = [bound_candidate(inputs, c) for c in candidates]
+    for b in bounded:
+        if b.infeasible is not None:
+            pruned[f"infeasible: {b.infeasible}"] += 1
+    return enumeration, bounded, pruned
 
 
 def plan(
@@ -113,23 +136,12 @@ def plan(
     pins = pins or Pins()
     end = started + time_limit * (1 - FINISH_MARGIN)
 
-    enumeration = enumerate_configs(inputs, pins)
-    if not enumeration.configs:
-        reasons = ", ".join(sorted(enumeration.skipped)) or "nothing to try"
-        raise ProblemError("gpus", f"no legal configuration ({reasons}); change the pins")
-    candidates, unsplit = split_layers(inputs, enumeration.configs, count=splits)
-    pruned: Counter[str] = Counter()
-    if unsplit:
-        pruned["infeasible: no layer split fits the memory"] += unsplit
-    bounded = [bound_candidate(inputs, c) for c in candidates]
-    for b in bounded:
-        if b.infeasible is not None:
-            pruned[f"infeasible: {b.infeasible}"] += 1
+    enumeration, bounded, pruned = prepare(inputs, pins, splits=splits)
     feasible = sum(b.infeasible is None for b in bounded)
     owned = executor is None
     runner = executor if executor is not None else make_executor(workers=workers, ray=ray)
     short = short_limit(time_limit, feasible, runner.workers)
-    total = len(bounded) + unsplit
+    total = len(bounded) + pruned[NO_SPLIT]
     try:
         found = solve_survivors(
             inputs, bounded, runner, short=short, deadline=started + SCREEN_SHARE * time_limit,
