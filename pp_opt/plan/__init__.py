@@ -3,7 +3,6 @@
 A short pipeline of named steps, each a plain function of its own module:
 
 1. :func:`~pp_opt.plan.space.enumerate_configs`: legal configurations (skipped ones counted);
-   steps 1 to 3 together: :func:`~pp_opt.plan.pipeline.prepare`;
 2. :func:`~pp_opt.plan.candidates.split_layers`: a few layer splits per configuration, from a
    small CP-SAT model over the layer boundaries (:mod:`pp_opt.plan.split`);
 3. :func:`~pp_opt.plan.problems.bound_candidate`: lower bounds and memory feasibility;
@@ -12,7 +11,8 @@ A short pipeline of named steps, each a plain function of its own module:
 6. :func:`~pp_opt.plan.search.refine`: the top few again with the time left;
 7. :class:`~pp_opt.plan.result.Plan`: ranked by step time (:mod:`pp_opt.plan.step`).
 
-Nothing below this package imports it.
+:func:`~pp_opt.plan.pipeline.prepare` runs steps 1 to 3; :func:`~pp_opt.plan.pipeline.plan`
+all of them. Nothing below this package imports it.
 """
 
 from pp_opt.plan.config import Candidate, Config, Pins, PlanInputs
