@@ -109,7 +109,15 @@ class RayExecutor:
             ) from None
         self._ray: Any = ray
         if not ray.is_initialized():
-            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+            try:
+                ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+            except (ConnectionError, RuntimeError, ValueError) as err:
+                where = address or "a new local runtime"
+                raise ProblemError(
+                    "ray",
+                    f"cannot start or join Ray at {where} ({err}); start a cluster "
+                    "(ray start --head) or use --ray local",
+                ) from None
         self.workers = workers
         self._remote = ray.remote(num_cpus=1)(evaluate)
         self._refs: dict[Any, int] = {}

@@ -136,10 +136,15 @@ def plan(
     pins = pins or Pins()
     end = started + time_limit * (1 - FINISH_MARGIN)
 
-    enumeration, bounded, pruned = prepare(inputs, pins, splits=splits)
-    feasible = sum(b.infeasible is None for b in bounded)
-    owned = executor is None
+    owned = executor is None  # made first: a Ray address that does not answer fails early
     runner = executor if executor is not None else make_executor(workers=workers, ray=ray)
+    try:
+        enumeration, bounded, pruned = prepare(inputs, pins, splits=splits)
+    except BaseException:
+        if owned:
+            runner.close()
+        raise
+    feasible = sum(b.infeasible is None for b in bounded)
     short = short_limit(time_limit, feasible, runner.workers)
     total = len(bounded) + pruned[NO_SPLIT]
     try:
