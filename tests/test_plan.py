@@ -276,3 +276,10 @@ def test_a_stop_request_ends_the_plan_with_what_was_solved() -> None:
         stopped = small_plan(workers=1)
     assert stopped.candidates == [] and stopped.baselines == []
     assert stopped.pruned[NOT_SOLVED_INTERRUPTED] > 0
+
+
+def test_pruning_keeps_the_top_of_an_exhaustive_search(serial: Plan) -> None:
+    exhaustive = small_plan(workers=1, keep=1000)  # every feasible candidate solved
+    assert PRUNED_BY_BOUND not in exhaustive.pruned and PRUNED_BY_BOUND in serial.pruned
+    assert len(exhaustive.candidates) > len(serial.candidates)
+    assert top(exhaustive) == top(serial)
