@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[dev,plot,torch]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,plot,torch,ray]'
 	touch $@
 
 demo: venv

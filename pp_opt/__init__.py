@@ -27,6 +27,7 @@ from pp_opt.errors import (
 from pp_opt.export import export
 from pp_opt.order import Order, Variant
 from pp_opt.orders import baseline, baseline_names
+from pp_opt.plan import Plan, plan
 from pp_opt.problem import Device, Problem, Stage, uniform_problem
 from pp_opt.problem_io import load_problem, resplit
 from pp_opt.profiler import profile_problem
@@ -47,6 +48,7 @@ __all__ = [
     "OutputError",
     "Order",
     "PPOptError",
+    "Plan",
     "Problem",
     "ProblemError",
     "Schedule",
@@ -66,6 +68,7 @@ __all__ = [
     "lower_bound",
     "min_feasible_cap",
     "order_of",
+    "plan",
     "profile_problem",
     "resplit",
     "retime",

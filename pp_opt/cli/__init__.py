@@ -29,6 +29,7 @@ _COMMAND_MODULES = (
     "pp_opt.cli.solve",
     "pp_opt.cli.profile",
     "pp_opt.cli.export",
+    "pp_opt.cli.plan",
 )
 
 for _name in _COMMAND_MODULES:

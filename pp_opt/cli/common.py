@@ -17,6 +17,8 @@ FLAGS = {
     "drop_offload": "--drop-offload",
     "force": "--force",
     "format": "--format",
+    "global_batch": "--global-batch",
+    "gpus": "--gpus",
     "hardware": "--hardware",
     "layers": "--layers",
     "mbs": "--mbs",
@@ -29,7 +31,9 @@ FLAGS = {
     "output": "--output",
     "path": "--output",
     "placement": "--placement",
+    "plot": "--plot",
     "pp": "--pp",
+    "ray": "--ray",
     "recompute": "--recompute",
     "repeats": "--repeats",
     "seed": "--seed",
@@ -40,6 +44,7 @@ FLAGS = {
     "tp": "--tp",
     "v": "--v",
     "width": "--width",
+    "workers": "--workers",
 }
 """The flag (or argument) of each library argument name, for one-line errors."""
 

@@ -57,6 +57,7 @@ def profile_costs(
     threads: int | None = None,
     vpp: int | None = None,
     concurrent: bool = False,
+    tp_comm: bool = False,
 ) -> dict[str, Any]:
     """Profile one layout and return its cost profile JSON (a dict).
 
@@ -94,6 +95,9 @@ def profile_costs(
         of a running pipeline is in the numbers (``measure`` only).
     vpp
         Former name of ``v`` (deprecated).
+    tp_comm
+        Add the tensor-parallel collectives to each layer's F and B (analytic profiles; off
+        by default, as profiles were made before; the planner turns it on).
     """
     v = renamed("vpp", vpp, "v", v)
     integer("repeats", repeats, low=1, high=100_000)
@@ -106,7 +110,7 @@ def profile_costs(
         card, pp=pp, v=v, placement=placement, microbatches=microbatches, mbs=mbs, seq=seq,
         tp=tp, layers=layers, recompute=recompute, bytes_per_param=bytes_per_param,
     )  # fmt: skip
-    profile = profile_analytic(card, hw, layout)
+    profile = profile_analytic(card, hw, layout, tp_comm=tp_comm)
     kind = "analytic"
     if measure:
         from pp_opt.profiler.measured import measure_profile
@@ -116,7 +120,10 @@ def profile_costs(
             concurrent=concurrent,
         )  # fmt: skip
         kind = "measured"
-    return costs_dict(kind=kind, card=card, hw=hw, layout=layout, **profile)
+    data = costs_dict(kind=kind, card=card, hw=hw, layout=layout, **profile)
+    if tp_comm:
+        data["profile"]["tp_comm"] = True
+    return data
 
 
 def profile_problem(

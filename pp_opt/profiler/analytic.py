@@ -111,10 +111,101 @@ def embedding_costs(card: ModelCard, layout: Layout, hw: HardwareCard) -> dict[s
     return {"t_f": ms, "t_b": 0.0, "t_w": ms, "m_b": 8.0 * sb, "m_w": 0.0}
 
 
-def stage_costs(card: ModelCard, hw: HardwareCard, layout: Layout) -> list[StageCost]:
-    """Per-stage costs of ``layout``: its layers, plus the embedding and the output layer."""
+TP_COLLECTIVES = 4
+"""Collectives per layer in F (and again in B) under sequence parallelism: an all-gather
+before and a reduce-scatter after each of attention and the MLP (Megatron-LM)."""
+
+
+def tp_comm_ms(card: ModelCard, hw: HardwareCard, layout: Layout) -> float:
+    """Time of one layer's tensor-parallel collectives in F (the same in B, none in W), ms.
+
+    Each of :data:`TP_COLLECTIVES` ring collectives moves ``(t - 1) / t`` of the layer's
+    ``s b h`` activation per GPU at the intra-node bandwidth (``tp`` stays inside a node)
+    and pays ``t - 1`` latencies; 0 when ``tp = 1``.
+    """
+    t = layout.tp
+    if t == 1:
+        return 0.0
+    full = card.dtype_bytes * layout.seq * layout.mbs * card.hidden
+    one = (t - 1) / t * full / (hw.intra_node_gbs * GB) + (t - 1) * hw.intra_node_latency_us * 1e-6
+    return 1e3 * TP_COLLECTIVES * one
+
+
+def bytes_per_param(
+    *,
+    dp: int = 1,
+    optimizer_sharding: bool = False,
+    weights: float = 2.0,
+    grads: float = 2.0,
+    optimizer: float = 12.0,
+) -> float:
+    """Static bytes per parameter: bf16 weights and gradients, and the optimizer's fp32 master
+    copy and two Adam moments (12 bytes), split over the ``dp`` replicas when sharded
+    (Megatron-LM's distributed optimizer, torchtitan's FSDP of the optimizer state).
+
+    The default, 16, is the profiler's ``bytes_per_param`` default.
+    """
+    share = optimizer / dp if optimizer_sharding else optimizer
+    return weights + grads + share
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class UnitCosts:
+    """Costs of one decoder layer, the embedding and the output layer, per microbatch and GPU:
+    a stage's costs are ``layers x layer`` plus ``embedding`` (first stage) and ``head`` (last
+    stage), exactly as :func:`stage_costs` adds them. Keys ``t_f``, ``t_b``, ``t_w`` (ms),
+    ``m_b``, ``m_w`` (bytes) and ``params`` (per GPU)."""
+
+    layer: dict[str, float]
+    """One decoder layer."""
+    embedding: dict[str, float]
+    """The embedding (first stage), beyond its layers."""
+    head: dict[str, float]
+    """Final norm, output layer and loss (last stage), beyond its layers."""
+    m_in: float
+    """The input a recomputed stage keeps (the embedding stage keeps its token ids)."""
+    m_in_first: float
+    """``m_in`` of the first stage (token ids)."""
+
+
+def unit_costs(
+    card: ModelCard, hw: HardwareCard, layout: Layout, *, tp_comm: bool = False
+) -> UnitCosts:
+    """The per-layer costs :func:`stage_costs` sums, for a planner that splits layers itself."""
     shape = layer_shape(card, layout)
-    t_layer = layer_times(shape, hw)
+    t_f, t_b, t_w = _layer_times(card, hw, layout, shape, tp_comm)
+    m_b, m_w = layer_activation_bytes(shape)
+    layer = {"t_f": t_f, "t_b": t_b, "t_w": t_w, "m_b": m_b, "m_w": m_w,
+             "params": layer_params(card) / layout.tp}  # fmt: skip
+    embedding = embedding_costs(card, layout, hw)
+    embedding["params"] = embedding_params(card) / layout.tp
+    head = head_costs(card, layout, hw)
+    head["params"] = head_params(card) / layout.tp
+    stage_input = card.dtype_bytes * layout.seq * layout.mbs * card.hidden / layout.tp
+    return UnitCosts(layer=layer, embedding=embedding, head=head, m_in=stage_input,
+                     m_in_first=8.0 * layout.seq * layout.mbs)  # fmt: skip
+
+
+def _layer_times(
+    card: ModelCard, hw: HardwareCard, layout: Layout, shape: LayerShape, tp_comm: bool
+) -> tuple[float, float, float]:
+    t_f, t_b, t_w = layer_times(shape, hw)
+    if tp_comm and layout.tp > 1:
+        comm = tp_comm_ms(card, hw, layout)
+        return t_f + comm, t_b + comm, t_w
+    return t_f, t_b, t_w
+
+
+def stage_costs(
+    card: ModelCard, hw: HardwareCard, layout: Layout, *, tp_comm: bool = False
+) -> list[StageCost]:
+    """Per-stage costs of ``layout``: its layers, plus the embedding and the output layer.
+
+    ``tp_comm`` adds the tensor-parallel collectives (:func:`tp_comm_ms`) to each layer's
+    F and B (off by default: profiles made without it stay as they were).
+    """
+    shape = layer_shape(card, layout)
+    t_layer = _layer_times(card, hw, layout, shape, tp_comm)
     m_b_layer, m_w_layer = layer_activation_bytes(shape)
     p_layer = layer_params(card) / layout.tp
     stage_input = card.dtype_bytes * layout.seq * layout.mbs * card.hidden / layout.tp
@@ -190,9 +281,11 @@ def link_costs(card: ModelCard, hw: HardwareCard, layout: Layout) -> dict[str, A
     }
 
 
-def profile_analytic(card: ModelCard, hw: HardwareCard, layout: Layout) -> dict[str, Any]:
+def profile_analytic(
+    card: ModelCard, hw: HardwareCard, layout: Layout, *, tp_comm: bool = False
+) -> dict[str, Any]:
     """Everything a cost profile holds, from the formulas (see costs.py for the JSON)."""
-    stages = stage_costs(card, hw, layout)
+    stages = stage_costs(card, hw, layout, tp_comm=tp_comm)
     static = static_bytes(stages, layout, hw)
     links = link_costs(card, hw, layout)
     log.debug("analytic profile of %s on %s: %d stages", card.name, hw.name, len(stages))

@@ -1,0 +1,267 @@
+"""The planner's steps one at a time, against closed forms and brute force."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from pp_opt.plan.baselines import baseline_candidates, even_split, torchtitan_split
+from pp_opt.plan.candidates import config_splits, layout_of
+from pp_opt.plan.config import Config, Pins, PlanInputs
+from pp_opt.plan.space import enumerate_configs
+from pp_opt.plan.split import best_split, in_flight, memory_levels, split_model
+from pp_opt.plan.step import (
+    dp_sync_bound,
+    dp_sync_ms,
+    model_flops_per_sequence,
+    optimizer_ms,
+    ring_all_reduce_ms,
+    step_time,
+)
+from pp_opt.profiler import load_hardware_card, load_model_card, profile_costs
+from pp_opt.profiler.analytic import bytes_per_param, stage_costs, tp_comm_ms, unit_costs
+from pp_opt.profiler.cards import model_card_from_dict
+from pp_opt.profiler.layout import make_layout
+
+H100 = load_hardware_card("h100-80gb")
+TINY = model_card_from_dict(
+    {
+        "layers": 6,
+        "hidden": 512,
+        "heads": 8,
+        "vocab": 2048,
+        "seq": 512,
+        "mlp": "swiglu",
+        "norm": "rmsnorm",
+        "attention": "flash",
+        "bias": False,
+        "position": "rope",
+        "kv_heads": 4,
+        "ffn": 1536,
+    },
+    "tiny",
+)
+
+
+def _inputs(gpus: int = 8, batch: int = 16, card=TINY) -> PlanInputs:
+    return PlanInputs(model=card, hardware=H100, gpus=gpus, global_batch=batch, seq=card.seq)
+
+
+def _config(**over: object) -> Config:
+    values: dict[str, object] = dict(
+        tp=1,
+        pp=2,
+        dp=1,
+        v=1,
+        placement="loop",
+        mbs=1,
+        m=8,
+        recompute=False,
+        offload=False,
+        optimizer_sharding=False,
+    )
+    values.update(over)
+    return Config(**values)  # type: ignore[arg-type]
+
+
+# --- enumeration ---------------------------------------------------------------------------
+
+
+def test_every_configuration_divides_the_job() -> None:
+    found = enumerate_configs(_inputs(gpus=8, batch=16), Pins())
+    # 6 layers: pp = 8 has too few, and so has the v placement on 4 devices
+    assert found.configs and found.skipped == {
+        "tp does not divide the heads": 1,
+        "pp above the layers": 1,
+        "pp * v above the layers": 9,
+    }
+    for c in found.configs:
+        assert c.tp * c.pp * c.dp == 8 and c.dp * c.mbs * c.m == 16
+        assert c.pp * c.v <= TINY.layers and TINY.heads % c.tp == 0
+        assert (c.placement == "v") == (c.v == 2 and c.placement == "v")
+        assert not (c.optimizer_sharding and c.dp == 1)
+    assert len(set(found.configs)) == len(found.configs)
+
+
+def test_the_count_follows_from_the_legal_values() -> None:
+    # tp in {1, 2, 4} (kv_heads 4), pp = 1 with dp = 4/tp; pinned mbs 1, v 1, loop, no switches
+    pins = Pins(pp=(1,), mbs=(1,), v=(1,), placement=("loop",), recompute=False, offload=False)
+    found = enumerate_configs(_inputs(gpus=4, batch=8), pins)
+    # tp 1: dp 4 (sharding on/off), tp 2: dp 2 (on/off), tp 4: dp 1 (off only)
+    assert [(c.tp, c.dp, c.optimizer_sharding) for c in found.configs] == [
+        (1, 4, False),
+        (1, 4, True),
+        (2, 2, False),
+        (2, 2, True),
+        (4, 1, False),
+    ]
+    assert found.skipped == {"tp does not divide gpus": 1}  # tp 8 of the node's divisors
+
+
+def test_pinned_values_that_do_not_divide_are_skipped_and_counted() -> None:
+    pins = Pins(
+        tp=(1, 3),
+        pp=(3, 2),
+        mbs=(3, 1),
+        v=(1,),
+        placement=("loop",),
+        recompute=False,
+        offload=False,
+        optimizer_sharding=False,
+    )
+    found = enumerate_configs(_inputs(gpus=4, batch=8), pins)
+    assert [(c.pp, c.mbs, c.m, c.dp) for c in found.configs] == [(2, 1, 4, 2)]
+    assert found.skipped == {
+        "tp does not divide gpus_per_node (8)": 1,
+        "tp * pp does not divide gpus": 1,
+        "dp * mbs does not divide global_batch": 1,
+    }
+
+
+# --- static memory, per-layer costs ----------------------------------------------------------
+
+
+def test_static_bytes_follow_the_optimizer_sharding() -> None:
+    assert bytes_per_param() == 16.0
+    assert bytes_per_param(dp=4, optimizer_sharding=True) == 2 + 2 + 12 / 4
+    assert bytes_per_param(dp=4, optimizer_sharding=False) == 16.0
+
+
+def test_unit_costs_add_up_to_the_stage_costs() -> None:
+    card = load_model_card("llama3-8b")
+    layout = make_layout(card, pp=4, microbatches=8, seq=4096, tp=2, layers=[7, 9, 9, 7])
+    units = unit_costs(card, H100, layout, tp_comm=True)
+    for st in stage_costs(card, H100, layout, tp_comm=True):
+        for key in ("t_f", "t_b", "t_w", "m_b", "m_w", "params"):
+            want = st.layers * units.layer[key]
+            want += units.embedding[key] if st.embedding else 0.0
+            want += units.head[key] if st.head else 0.0
+            assert getattr(st, key) == pytest.approx(want, rel=1e-12)
+
+
+def test_tensor_parallel_collectives_are_opt_in() -> None:
+    plain = profile_costs(model="llama3-8b", hardware=H100, pp=2, tp=2, microbatches=4)
+    comm = profile_costs(model="llama3-8b", hardware=H100, pp=2, tp=2, microbatches=4, tp_comm=True)
+    assert "tp_comm" not in plain["profile"] and comm["profile"]["tp_comm"] is True
+    layout = make_layout(load_model_card("llama3-8b"), pp=2, tp=2, microbatches=4)
+    # 4 ring collectives of (t-1)/t of s*b*h bf16 at 450 GB/s, one 10 us latency each
+    one = 0.5 * 2 * 8192 * 4096 / 450e9 + 10e-6
+    assert tp_comm_ms(load_model_card("llama3-8b"), H100, layout) == pytest.approx(4e3 * one)
+    for a, b in zip(plain["stages"], comm["stages"], strict=True):
+        assert b["t_f"] - a["t_f"] == pytest.approx(16 * 4e3 * one)
+        assert b["t_w"] == a["t_w"]
+
+
+# --- layer split ------------------------------------------------------------------------------
+
+
+def _model(config: Config, card=TINY, cap: float | None = None):
+    inputs = _inputs(card=card)
+    layout = layout_of(inputs, config)
+    units = unit_costs(card, H100, layout, tp_comm=True)
+    return split_model(
+        config,
+        units,
+        layers=card.layers,
+        bytes_per_param=16.0,
+        cap=H100.cap_bytes if cap is None else cap,
+        t_comm=0.01,
+    )
+
+
+def _compositions(total: int, parts: int):
+    for cuts in itertools.combinations(range(1, total), parts - 1):
+        bounds = (0, *cuts, total)
+        yield tuple(bounds[i + 1] - bounds[i] for i in range(parts))
+
+
+@pytest.mark.parametrize(
+    ("pp", "v", "placement"), [(2, 1, "loop"), (3, 1, "loop"), (2, 2, "loop"), (2, 2, "v")]
+)
+def test_the_split_model_finds_the_brute_force_optimum(pp: int, v: int, placement: str) -> None:
+    model = _model(_config(pp=pp, v=v, placement=placement, m=6))
+    for k in memory_levels(model):
+        feasible = [s for s in _compositions(TINY.layers, pp * v) if model.fits(s, k)]
+        best = best_split(model, k)
+        assert best is not None and model.fits(best, k)
+        assert model.score(best, k) == min(model.score(s, k) for s in feasible)
+
+
+def test_a_tight_cap_moves_layers_off_the_stages_that_keep_most_in_flight() -> None:
+    card = load_model_card("llama3-8b")
+    config = _config(pp=4, m=16)
+    tight = _model(config, card=card)
+    # 1F1B keeps 4 microbatches on device 0: 9 layers there (with the static memory of the
+    # embedding) do not fit 76 GiB, 9 on device 1 (3 in flight) do
+    assert tight.k == (4, 3, 2, 1)
+    assert not tight.fits((9, 8, 8, 7), tight.k) and tight.fits((8, 9, 8, 7), tight.k)
+    assert best_split(tight, tight.k) == (8, 9, 8, 7)
+    # the output layer weighs about 1.6 layers: 8 layers with it are the slowest device
+    assert tight.proxy((8, 8, 8, 8)) > tight.proxy((8, 9, 8, 7))
+    assert config_splits(_inputs(card=card), config, count=1) == [(8, 9, 8, 7)]
+
+
+def test_nothing_fits_no_split() -> None:
+    model = _model(_config(pp=2), cap=1.0)
+    assert all(best_split(model, k) is None for k in memory_levels(model))
+
+
+def test_in_flight_counts_of_the_classic_schedules() -> None:
+    assert in_flight("loop", 4, 1, 16) == [4, 3, 2, 1]  # 1F1B
+    assert in_flight("loop", 4, 1, 2) == [2, 2, 2, 1]  # at most m
+    assert in_flight("v", 4, 2, 16) == [7, 5, 3, 1, 7, 5, 3, 1]  # the V shape: 2p per device
+    # interleaved: device d warms up 2(p-d-1) + (v-1)p chunks, plus one
+    assert in_flight("loop", 4, 2, 16)[:4] == [math.ceil(11 / 2), 5, math.ceil(7 / 2), 3]
+
+
+def test_torchtitan_and_megatron_splits() -> None:
+    assert torchtitan_split(32, 4) == (8, 9, 8, 7)
+    assert torchtitan_split(22, 4) == (5, 6, 6, 5)
+    assert torchtitan_split(32, 8) == (4, 5, 4, 4, 4, 4, 4, 3)
+    assert even_split(32, 8) == (4,) * 8 and even_split(22, 8) is None
+    names = [(label, order) for label, order, _ in baseline_candidates(_config(pp=4), 32)]
+    assert names == [
+        ("torchtitan", "1F1B"),
+        ("torchtitan", "Interleaved1F1B"),
+        ("megatron", "Interleaved1F1B"),
+    ]
+
+
+# --- step time ---------------------------------------------------------------------------------
+
+
+def test_ring_all_reduce_closed_form() -> None:
+    assert ring_all_reduce_ms(1e9, 1, 100.0, 10.0) == 0.0
+    # 2 (n-1)/n of the bytes each way, 2 (n-1) latencies
+    assert ring_all_reduce_ms(1e9, 4, 100.0, 10.0) == pytest.approx(1e3 * 1.5 * 1e9 / 100e9 + 0.06)
+
+
+def test_dp_sync_hides_behind_the_cool_down() -> None:
+    devices = [0, 1, 0, 1]  # loop, p = 2, v = 2
+    ready = [100.0, 90.0, 95.0, 80.0]
+    # device 0 reduces stage 2 (ready 95) until 105, then stage 0 (ready 100) until 115
+    # device 1: stage 3 at 80 -> 90, stage 1 at 90 -> 100: hidden
+    assert dp_sync_ms(ready, devices, [10.0] * 4, 100.0) == pytest.approx(15.0)
+    assert dp_sync_ms(ready, devices, [1.0] * 4, 100.0) == pytest.approx(1.0)
+    assert dp_sync_ms(ready, devices, [0.0] * 4, 100.0) == 0.0
+    assert dp_sync_bound([3.0, 2.0]) == 2.0
+
+
+def test_step_time_and_its_rates() -> None:
+    inputs = _inputs(gpus=4, batch=8)
+    config = _config(pp=2, dp=2, m=4)
+    figures = step_time(inputs, config, makespan=100.0, dp_sync=5.0, optimizer_step=2.0)
+    assert figures.step_time == 107.0
+    assert figures.tokens_per_s_per_gpu == pytest.approx(8 * 512 / 0.107 / 4)
+    flops = 8 * model_flops_per_sequence(inputs)
+    assert figures.mfu == pytest.approx(flops / (0.107 * 4 * H100.peak_flops))
+    # 6 N per token (the layers' matrices and the output layer), plus attention's QK^T and
+    # PV: 4 s h per token and layer forward, three times that with the backward
+    h, f, kv, s = 512, 1536, 256, 512
+    n = TINY.layers * (h * (h + 2 * kv) + h * h + 3 * h * f) + h * 2048
+    attention = 3 * 4 * s * h * TINY.layers
+    assert model_flops_per_sequence(inputs) == pytest.approx(s * (6 * n + attention))
+    sharded = optimizer_ms(inputs, _config(dp=2, optimizer_sharding=True), [1e9])
+    assert sharded == pytest.approx(optimizer_ms(inputs, _config(dp=2), [1e9]) / 2)
