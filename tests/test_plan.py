@@ -251,20 +251,21 @@ def test_the_report_folds_candidates_that_differ_only_in_their_switches(serial: 
     assert "(+1 alike)" in text and ranked_rows(text) == ranked_rows(plan_report(serial))
 
 
-def test_training_settings_name_the_split_or_say_what_is_missing(serial: Plan) -> None:
-    from pp_opt.plan.training import MISSING, training_settings
+def test_training_settings_name_the_split_and_the_degrees(serial: Plan) -> None:
+    from pp_opt.plan.training import training_settings
 
     best = serial.candidates[0]
     settings = training_settings(best, n_layers=6, global_batch=8, schedule_csv="best.csv")
     assert settings["layers"] == list(best.candidate.layers)
-    try:
-        import pp_opt.export.training_config  # noqa: F401
-    except ImportError:
-        assert settings["note"] == MISSING
+    torchtitan = settings["torchtitan"]
+    assert torchtitan["pipeline_parallel_degree"] == best.candidate.config.pp
+    if best.candidate.config.placement == "v":
+        assert "placement" in settings["megatron_note"]
     else:
-        torchtitan = settings["torchtitan"]
-        assert torchtitan["pipeline_parallel_degree"] == best.candidate.config.pp
-        assert "--pipeline-model-parallel-size" in settings["megatron"]
+        flags = settings["megatron"]
+        assert flags[flags.index("--pipeline-model-parallel-size") + 1] == str(
+            best.candidate.config.pp
+        )
 
 
 def test_a_stop_request_ends_the_plan_with_what_was_solved() -> None:

@@ -39,7 +39,7 @@ def test_the_names_are_pytorchs() -> None:
 @pytest.mark.parametrize("name", PYTORCH_SCHEDULES)
 def test_every_schedule_validates_in_either_argument_order(name: str) -> None:
     problem = _problem(name, 4, 8, 2)
-    schedule = baseline(problem, name)  # the planner's order
+    schedule = baseline(name, problem)
     assert schedule.solver.name == name
     assert schedule.problem.v == (1 if name in SINGLE else 2)
     assert baseline(name, problem).metrics.makespan == schedule.metrics.makespan
@@ -65,7 +65,7 @@ def test_problems_pytorch_rejects_name_the_field(
 ) -> None:
     problem = _problem(name, p, m, v)
     with pytest.raises(ProblemError) as err:
-        baseline(problem, name)
+        baseline(name, problem)
     assert err.value.field == field
     assert "use m = " in str(err.value) or "set m >=" in str(err.value)
 
@@ -73,14 +73,14 @@ def test_problems_pytorch_rejects_name_the_field(
 def test_rounds_need_not_be_multiples_of_p() -> None:
     # PyTorch's flexible rounds: m = 10 on p = 4 is 2 rounds of 5.
     for name in ("Interleaved1F1B", "InterleavedZeroBubble"):
-        assert baseline(uniform_problem(p=4, m=10, v=2), name).problem.m == 10
+        assert baseline(name, uniform_problem(p=4, m=10, v=2)).problem.m == 10
 
 
 def test_zero_bubble_orders_need_the_split_backward() -> None:
     problem = uniform_problem(p=4, m=8, v=2, split_backward=False)
     for name in ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"):
         with pytest.raises(ProblemError, match="split_backward"):
-            baseline(problem, name)
+            baseline(name, problem)
 
 
 # ---------------------------------------------------------------- against PyTorch itself
@@ -166,7 +166,7 @@ def test_the_compute_order_is_pytorchs(name: str, p: int, m: int, v: int) -> Non
             _our_order(name, p, m, v)
         return
     assert _our_order(name, p, m, v) == expected
-    baseline(_problem(name, p, m, v), name)  # and it runs: timed and validated
+    baseline(name, _problem(name, p, m, v))  # and it runs: timed and validated
 
 
 def test_the_command_line_runs_them_by_name(

@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 
 from pp_opt.bounds import lower_bound
-from pp_opt.errors import InfeasibleError, ProblemError
+from pp_opt.errors import InfeasibleError
 from pp_opt.orders.registry import REGISTRY, get
 from pp_opt.orders.warm_starts import candidates
 from pp_opt.problem import Problem
@@ -36,12 +36,8 @@ def baseline_names() -> list[str]:
     return [name for name, entry in REGISTRY.items() if entry.baseline]
 
 
-def baseline(
-    name: str | Problem, problem: Problem | str, *, time_limit: float | None = None
-) -> Schedule:
+def baseline(name: str, problem: Problem, *, time_limit: float | None = None) -> Schedule:
     """Time a registered generator's order with the simulator, validate it, add its gap.
-
-    ``baseline(name, problem)`` and ``baseline(problem, name)`` are the same call.
 
     Parameters
     ----------
@@ -84,7 +80,6 @@ def baseline(
         ``split_backward`` is false, or a problem PyTorch's schedule does not take (its
         microbatch count, say).
     """
-    name, problem = _name_and_problem(name, problem)
     started = time.perf_counter()
     entry = get(name)
     if time_limit is not None and "deadline" in entry.options:
@@ -100,16 +95,6 @@ def baseline(
     if order.problem is not problem:
         info.extra["resplit"] = {"placement": order.problem.placement, "v": order.problem.v}
     return _with_lower_bound(_validated(name, schedule))
-
-
-def _name_and_problem(a: str | Problem, b: Problem | str) -> tuple[str, Problem]:
-    """``(name, problem)`` from the two arguments of :func:`baseline`, in either order."""
-    if isinstance(a, str) and isinstance(b, Problem):
-        return a, b
-    if isinstance(a, Problem) and isinstance(b, str):
-        return b, a
-    raise ProblemError("name", f"got {type(a).__name__} and {type(b).__name__}; call "
-                       "baseline(name, problem) with a schedule name and a Problem")  # fmt: skip
 
 
 def best_baseline(problem: Problem) -> Schedule | None:

@@ -25,7 +25,7 @@ PyTorch's checks on the problem raised as :class:`~pp_opt.errors.ProblemError`.
   backward split for all stages), so the gradient leaves a stage after ``B`` rather than
   after the whole backward.
 
-Every one is listed in :data:`PYTORCH_SCHEDULES`; ``pp_opt.baseline(problem, NAME)`` times
+Every one is listed in :data:`PYTORCH_SCHEDULES`; ``pp_opt.baseline(NAME, problem)`` times
 and validates it.
 """
 

@@ -11,37 +11,26 @@ order, so that the gain of the split and the gain of the order show apart.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import replace
 
+from pp_opt.errors import ProblemError
+from pp_opt.export.training_config import megatron_default_layers, torchtitan_default_layers
 from pp_opt.plan.config import Candidate, Config
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule
 
-LOCAL_NAMES = {
-    "GPipe": "gpipe",
-    "1F1B": "1f1b",
-    "Interleaved1F1B": "interleaved-1f1b",
-    "ZBVZeroBubble": "zb-v",
-}
-"""PyTorch's schedule names and pp_opt's registry names of the same orders, for a pp_opt
-whose :func:`pp_opt.baseline` does not take PyTorch's names yet."""
-
 
 def torchtitan_split(layers: int, stages: int) -> tuple[int, ...]:
-    """torchtitan's default: ``layers + 2`` units (embedding and output layer one each),
-    the remainder to the first stages, then the embedding's unit off the first stage and the
-    output layer's off the last."""
-    base, rest = divmod(layers + 2, stages)
-    units = [base + (1 if s < rest else 0) for s in range(stages)]
-    units[0] -= 1
-    units[-1] -= 1
-    return tuple(units)
+    """torchtitan's default split, as a tuple (:mod:`pp_opt.export.training_config`)."""
+    return tuple(torchtitan_default_layers(layers, stages))
 
 
 def even_split(layers: int, stages: int) -> tuple[int, ...] | None:
     """Megatron-LM's even split, None when the stages do not divide the layers."""
-    return None if layers % stages else (layers // stages,) * stages
+    try:
+        return tuple(megatron_default_layers(layers, stages))
+    except ProblemError:
+        return None
 
 
 def pytorch_schedule(v: int) -> str:
@@ -51,15 +40,9 @@ def pytorch_schedule(v: int) -> str:
 
 def run_baseline(name: str, problem: Problem) -> Schedule:
     """PyTorch-named schedule ``name`` on ``problem`` (validated by :func:`pp_opt.baseline`)."""
-    import pp_opt.orders as orders
+    from pp_opt.orders import baseline
 
-    known = getattr(orders, "PYTORCH_SCHEDULES", ())
-    first = next(iter(inspect.signature(orders.baseline).parameters))
-    if name in known:
-        if first == "problem":
-            return orders.baseline(problem, name)  # type: ignore[arg-type]
-        return orders.baseline(name, problem)
-    return orders.baseline(LOCAL_NAMES[name], problem)
+    return baseline(name, problem)
 
 
 INTERLEAVED_V = 2
