@@ -1,4 +1,4 @@
-"""Issue 16, item 4: every public constructor checks its arguments' types and names them."""
+"""Every public constructor checks its arguments' types and names them."""
 
 from __future__ import annotations
 

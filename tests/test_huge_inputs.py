@@ -1,4 +1,4 @@
-"""Issue 16, item 3: the time limit holds on the largest inputs too (DAG, warm starts and
+"""The time limit holds on the largest inputs too (DAG, warm starts and
 checks count against it): ``pp-opt solve`` of 120,000 ops with ``--time-limit 3`` took
 14.2 s on main; the issue asks for 5.2 s on 2 cores."""
 

@@ -1,4 +1,4 @@
-"""Issue 16, item 2: a failing standard output (a full disk) loses only what was printed."""
+"""A failing standard output (a full disk) loses only what was printed."""
 
 from __future__ import annotations
 
