@@ -27,6 +27,10 @@ demo: venv
 	$(BIN)/pp-opt export $(OUT)/zb-1.5b.json --format png -o $(OUT)/zb-1.5b.png
 	$(BIN)/pp-opt export $(OUT)/zb-1.5b.json --format trace -o $(OUT)/zb-1.5b.trace.json
 	$(BIN)/pp-opt export $(OUT)/zb-1.5b.json --format torch-csv -o $(OUT)/zb-1.5b.csv
+	$(BIN)/pp-opt plan --model llama3-8b --hardware h100-80gb --gpus 4 --global-batch 16 \
+		--seq 8192 --tp 1 --pp 4 --mbs 1 --time-limit 60 -o $(OUT)/plan.json \
+		--schedule $(OUT)/plan-best.json --plot $(OUT)/plan.png
+	$(BIN)/pp-opt validate $(OUT)/plan-best.json
 	@echo "demo outputs in $(OUT)/"
 
 test: venv
