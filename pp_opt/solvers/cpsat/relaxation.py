@@ -113,7 +113,7 @@ def device_relaxation_bound(
                 break
             got, optimal = _solve_device(problem, dag, device, objective, scale=scale,
                                          time_limit=left / (tasks - done), upper=upper,
-                                         threads=threads, seed=seed)  # fmt: skip
+                                         lower=value, threads=threads, seed=seed)  # fmt: skip
             done += 1
             proved = proved and optimal
             value = max(value, got)
@@ -147,10 +147,13 @@ def _solve_device(
     scale: float,
     time_limit: float,
     upper: float | None,
+    lower: float,
     threads: int,
     seed: int,
 ) -> tuple[float, bool]:
-    """``(bound, optimal)`` of one device's relaxation, in problem units."""
+    """``(bound, optimal)`` of one device's relaxation, in problem units. The objective
+    is at least ``lower`` (the other devices' bound so far: only more than that matters),
+    so a device that cannot raise the bound is done at its first solution there."""
     dur = {k: _down(duration(problem, k.kind, k.stage), scale) for k in dag.nodes}
     lat = {(u, w): _down(x, scale) for u, w, x in dag.edges(data="latency")}
     order = list(nx.topological_sort(dag))
@@ -191,7 +194,8 @@ def _solve_device(
             model.add(start[b] + dur[b] <= start[a]).only_enforce_if(~lit)
             before[(a, b)], before[(b, a)] = lit, ~lit
     _add_memory(model, problem, device, mine, before)
-    obj = model.new_int_var(0, top, "objective")
+    floor = min(top, int(math.floor(lower * scale + 1e-9)))
+    obj = model.new_int_var(floor, top, "objective")
     if objective == "makespan":
         for k in mine:
             model.add(obj >= start[k] + dur[k] + tail[k])
