@@ -111,7 +111,7 @@ def device_relaxation_bound(
             if left <= 0.01:
                 proved = False
                 break
-            got, optimal = _solve_device(problem, dag, device, objective, scale=scale,
+            got, optimal = _solve_device(problem, dag, (device,), objective, scale=scale,
                                          time_limit=left / (tasks - done), upper=upper,
                                          lower=value, threads=threads, seed=seed)  # fmt: skip
             done += 1
@@ -141,7 +141,7 @@ def _down(value: float, scale: float) -> int:
 def _solve_device(
     problem: Problem,
     dag: nx.DiGraph,
-    device: int,
+    devices: tuple[int, ...],
     objective: str,
     *,
     scale: float,
@@ -151,9 +151,10 @@ def _solve_device(
     threads: int,
     seed: int,
 ) -> tuple[float, bool]:
-    """``(bound, optimal)`` of one device's relaxation, in problem units. The objective
-    is at least ``lower`` (the other devices' bound so far: only more than that matters),
-    so a device that cannot raise the bound is done at its first solution there."""
+    """``(bound, optimal)`` of the relaxation that keeps ``devices`` (one, or a few
+    together), in problem units. The objective is at least ``lower`` (the bound so far:
+    only more than that matters), so a relaxation that cannot raise the bound is done at
+    its first solution there."""
     dur = {k: _down(duration(problem, k.kind, k.stage), scale) for k in dag.nodes}
     lat = {(u, w): _down(x, scale) for u, w, x in dag.edges(data="latency")}
     order = list(nx.topological_sort(dag))
@@ -164,7 +165,7 @@ def _solve_device(
     for k in reversed(order):
         tail[k] = max((lat[(k, w)] + dur[w] + tail[w] for w in dag.successors(k)), default=0)
     own = dag.nodes
-    mine = [k for k in order if own[k]["device"] == device and own[k]["stream"] is Stream.COMPUTE]
+    mine = [k for k in order if own[k]["device"] in devices and own[k]["stream"] is Stream.COMPUTE]
     lags = _lags(dag, order, mine, dur, lat)
     for k in mine:  # microbatch order per stage and kind (module docstring)
         nxt = OpKey(k.kind, k.stage, k.microbatch + 1)
@@ -179,12 +180,16 @@ def _solve_device(
     model = cp_model.CpModel()
     start = {k: model.new_int_var(head[k] if objective == "makespan" else 0, horizon, "s")
              for k in mine}  # fmt: skip
-    model.add_no_overlap([model.new_fixed_size_interval_var(start[k], dur[k], "i") for k in mine])
+    for device in devices:
+        model.add_no_overlap([model.new_fixed_size_interval_var(start[k], dur[k], "i")
+                              for k in mine if own[k]["device"] == device])  # fmt: skip
     for (a, b), lag in lags.items():
         model.add(start[b] >= start[a] + lag)
     before: dict[tuple[OpKey, OpKey], Lit] = {}
     for i, a in enumerate(mine):
         for b in mine[i + 1 :]:
+            if own[a]["device"] != own[b]["device"]:
+                continue
             if b in after[a] or a in after[b]:
                 before[(a, b)] = b in after[a]
                 before[(b, a)] = not before[(a, b)]
@@ -193,15 +198,18 @@ def _solve_device(
             model.add(start[a] + dur[a] <= start[b]).only_enforce_if(lit)
             model.add(start[b] + dur[b] <= start[a]).only_enforce_if(~lit)
             before[(a, b)], before[(b, a)] = lit, ~lit
-    _add_memory(model, problem, device, mine, before)
+    for device in devices:
+        _add_memory(model, problem, device, [k for k in mine if own[k]["device"] == device],
+                    before)  # fmt: skip
     floor = min(top, int(math.floor(lower * scale + 1e-9)))
     obj = model.new_int_var(floor, top, "objective")
     if objective == "makespan":
         for k in mine:
             model.add(obj >= start[k] + dur[k] + tail[k])
     else:
-        first = model.new_int_var(0, horizon, "first")
+        firsts = {d: model.new_int_var(0, horizon, f"first_{d}") for d in devices}
         for k in mine:
+            first = firsts[own[k]["device"]]
             model.add(first <= start[k])
             model.add(obj >= start[k] + dur[k] - first)
     model.minimize(obj)
