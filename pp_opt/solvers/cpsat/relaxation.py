@@ -220,9 +220,13 @@ def _solve_device(
     code = solver.solve(model)
     if code == cp_model.INFEASIBLE:  # nothing beats ``upper`` (a known schedule's value)
         return (top / scale, True) if upper is not None else (0.0, False)
-    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
         return 0.0, False
-    return solver.best_objective_bound / scale, code == cp_model.OPTIMAL
+    # Without a solution (UNKNOWN) the proved bound still holds.
+    bound = solver.best_objective_bound
+    if not math.isfinite(bound):
+        return 0.0, False
+    return max(0.0, bound) / scale, code == cp_model.OPTIMAL
 
 
 def _lags(
