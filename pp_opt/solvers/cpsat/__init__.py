@@ -45,7 +45,7 @@ def _solve(
     problem: Problem, dag: nx.DiGraph, options: SolveOptions, search: Search
 ) -> BackendResult:
     started = time.perf_counter()
-    relaxed = _relaxation(problem, options)
+    relaxed = _relaxation(problem, options, search)
     warm = options.warm_start
     if relaxed is not None and warm is not None:
         value = warm.objective_value(options.objective)
@@ -107,13 +107,14 @@ RELAXATION_SHARE = 0.2
 where it applies (no offload or recompute) and proves tight-memory optima."""
 
 
-def _relaxation(problem: Problem, options: SolveOptions) -> RelaxationBound | None:
+def _relaxation(problem: Problem, options: SolveOptions, search: Search) -> RelaxationBound | None:
     """The device relaxation bound, when it applies (:mod:`.relaxation`)."""
     warm = options.warm_start
     upper = None if warm is None else warm.objective_value(options.objective)
     return device_relaxation_bound(problem, options.objective, upper=upper,
                                    time_limit=RELAXATION_SHARE * options.time_limit,
-                                   threads=max(1, options.threads), seed=options.seed)  # fmt: skip
+                                   threads=max(1, options.threads), seed=options.seed,
+                                   search=search)  # fmt: skip
 
 
 STOP_DELAY = 0.25

@@ -41,6 +41,7 @@ from pp_opt.dag import dag_for
 from pp_opt.ops import OpKey, OpKind, Stream, duration, memory_delta
 from pp_opt.order import Variant
 from pp_opt.problem import Problem
+from pp_opt.solvers.interrupt import Search, handling_signals
 from pp_opt.solvers.lifetimes import match_lifetimes
 
 __all__ = ["RelaxationBound", "device_relaxation_bound"]
@@ -74,6 +75,7 @@ def device_relaxation_bound(
     upper: float | None = None,
     threads: int = 1,
     seed: int = 0,
+    search: Search | None = None,
 ) -> RelaxationBound | None:
     """The largest device relaxation bound of ``problem`` (module docstring), or None
     where it does not apply (offload, recompute, too many ops per device) or found nothing.
@@ -81,7 +83,7 @@ def device_relaxation_bound(
     ``upper`` (a known schedule's objective) caps each relaxation's objective: a
     relaxation that cannot beat it bounds the problem by ``upper``. Each device gets an
     equal share of what is left of ``time_limit``; the device bounds stop once one
-    reaches ``upper``.
+    reaches ``upper``, or when ``search`` (:mod:`pp_opt.solvers.interrupt`) is stopped.
     """
     if problem.offload or problem.recompute:
         return None
@@ -108,12 +110,13 @@ def device_relaxation_bound(
         devices = sorted(range(problem.p), key=lambda d: (-per_device[d], -d))
         for device in devices:
             left = time_limit - (time.perf_counter() - started)
-            if left <= 0.01:
+            if left <= 0.01 or (search is not None and search.stopped):
                 proved = False
                 break
             got, optimal = _solve_device(problem, dag, (device,), objective, scale=scale,
                                          time_limit=left / (tasks - done), upper=upper,
-                                         lower=value, threads=threads, seed=seed)  # fmt: skip
+                                         lower=value, threads=threads, seed=seed,
+                                         search=search)  # fmt: skip
             done += 1
             proved = proved and optimal
             value = max(value, got)
@@ -150,6 +153,7 @@ def _solve_device(
     lower: float,
     threads: int,
     seed: int,
+    search: Search | None = None,
 ) -> tuple[float, bool]:
     """``(bound, optimal)`` of the relaxation that keeps ``devices`` (one, or a few
     together), in problem units. The objective is at least ``lower`` (the bound so far:
@@ -217,6 +221,10 @@ def _solve_device(
     solver.parameters.max_time_in_seconds = max(0.01, time_limit)
     solver.parameters.num_workers = max(1, threads)
     solver.parameters.random_seed = seed
+    if handling_signals():  # the command line's handler stops the search (and says so)
+        solver.parameters.catch_sigint_signal = False
+    if search is not None:
+        search.on_stop(solver.stop_search)
     code = solver.solve(model)
     if code == cp_model.INFEASIBLE:  # nothing beats ``upper`` (a known schedule's value)
         return (top / scale, True) if upper is not None else (0.0, False)
