@@ -51,9 +51,11 @@ log = logging.getLogger(__name__)
 Lit = bool | cp_model.IntVar | cp_model_helper.Literal
 """A pair's order: fixed (True/False) or a literal."""
 
-RELAXATION_MAX_DEVICE_OPS = 400
+RELAXATION_MAX_DEVICE_OPS = 100
 """Largest number of compute ops on one device for which the relaxation is solved (one
-literal per pair of them)."""
+literal per pair of them). Above it (e.g. 144 on the 1.5B ``v`` rows of
+``bench_solvers.py --parts tight``) it proved nothing better than
+:func:`pp_opt.bounds.lower_bound` in a minute, and its time is the full model's."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
