@@ -89,7 +89,7 @@ def add_sequence_memory(
             by_device[op.device].append(op)
     for device, ops in sorted(by_device.items()):
         ops.sort(key=lambda o: (o.key.microbatch, o.key.stage, o.key.kind.value))
-        before = _pair_literals(model, ops, after)
+        before = _pair_literals(model, ops, after, v.orders)
         room = v.scaling.cap(v.problem.activation_room(device))
         alloc: dict[OpKey, int] = defaultdict(int)
         free: dict[OpKey, int] = defaultdict(int)
@@ -124,10 +124,14 @@ Before = dict[tuple[OpKey, OpKey], bool | cp_model.IntVar | cp_model_helper.Lite
 
 
 def _pair_literals(
-    model: cp_model.CpModel, ops: list[OpVar], after: dict[OpKey, set[OpKey]]
+    model: cp_model.CpModel,
+    ops: list[OpVar],
+    after: dict[OpKey, set[OpKey]],
+    literals: dict[tuple[OpKey, OpKey], cp_model.IntVar],
 ) -> Before:
     """``before[(a, b)]``: True, False, or a literal for "``a`` ends before ``b`` starts",
-    with each literal tied to the op times in both directions."""
+    with each literal tied to the op times in both directions (and kept in ``literals``,
+    for the hints)."""
     before: Before = {}
     for i, a in enumerate(ops):
         for b in ops[i + 1 :]:
@@ -142,6 +146,7 @@ def _pair_literals(
                 model.add(a.end <= b.start).only_enforce_if(lit)
                 model.add(b.end <= a.start).only_enforce_if(~lit)
                 before[(a.key, b.key)], before[(b.key, a.key)] = lit, ~lit
+                literals[(a.key, b.key)] = lit
     return before
 
 
