@@ -104,6 +104,9 @@ def build_model(
 
 def _sequence_memory(choice: str, v: Variables) -> bool:
     """Whether the memory is modelled over the op sequence (:mod:`.sequence`)."""
+    if choice not in ("auto", "sequence", "cumulative"):
+        raise ValueError(f"memory_model {choice!r} is unknown; use 'auto', 'sequence' or "
+                         "'cumulative'")  # fmt: skip
     if choice == "cumulative":
         return False
     applies = uses_sequence_memory(v)

@@ -98,32 +98,19 @@ def device_relaxation_bound(
     scale = _time_scale(problem)
     best: float | None = None
     proved = True
-    tasks, done = len(variants) * problem.p, 0
-    for variant in variants:
+    for n, variant in enumerate(variants):
         dag = dag_for(problem, variant)
         per_device: dict[int, int] = defaultdict(int)
         for key in dag.nodes:
             per_device[dag.nodes[key]["device"]] += 1
         if max(per_device.values()) > RELAXATION_MAX_DEVICE_OPS:
             return None
-        value = 0.0
-        # The device with the most work first (it is usually the binding one), then the
-        # last devices first: on ``v`` placements the turn of the V binds.
-        devices = sorted(range(problem.p), key=lambda d: (-per_device[d], -d))
-        for device in devices:
-            left = time_limit - (time.perf_counter() - started)
-            if left <= 0.01 or (search is not None and search.stopped):
-                proved = False
-                break
-            got, optimal = _solve_device(problem, dag, (device,), objective, scale=scale,
-                                         time_limit=left / (tasks - done), upper=upper,
-                                         lower=value, threads=threads, seed=seed,
-                                         search=search)  # fmt: skip
-            done += 1
-            proved = proved and optimal
-            value = max(value, got)
-            if upper is not None and value >= upper - 1e-9:
-                break
+        # Each variant gets an equal share of what is left.
+        until = started + time_limit * (n + 1) / len(variants)
+        value, optimal = _variant_value(problem, dag, objective, per_device, scale=scale,
+                                        until=until, upper=upper, threads=threads, seed=seed,
+                                        search=search)  # fmt: skip
+        proved = proved and optimal
         best = value if best is None else min(best, value)
     seconds = time.perf_counter() - started
     if best is None or best <= 0:
@@ -131,6 +118,52 @@ def device_relaxation_bound(
     log.info("device relaxation bound %.6g in %.2f s (%s)", best, seconds,
              "proved" if proved else "partial")  # fmt: skip
     return RelaxationBound(value=best, proved=proved, seconds=seconds)
+
+
+def _variant_value(
+    problem: Problem,
+    dag: nx.DiGraph,
+    objective: str,
+    per_device: dict[int, int],
+    *,
+    scale: float,
+    until: float,
+    upper: float | None,
+    threads: int,
+    seed: int,
+    search: Search | None,
+) -> tuple[float, bool]:
+    """The largest device bound of one variant by ``until`` (``time.perf_counter()``), and
+    whether every device was solved to optimality.
+
+    The device with the most work comes first (it is usually the binding one), then the
+    last devices (on ``v`` placements the turn of the V binds): the first gets half of
+    the time, the others equal shares of the rest; the others usually finish at once,
+    as they only need to reach the bound so far. Devices not solved to optimality get a
+    second pass with the time left.
+    """
+    devices = sorted(range(problem.p), key=lambda d: (-per_device[d], -d))
+    value = 0.0
+    pending: list[int] = []
+    for rounds in range(2):
+        todo = devices if rounds == 0 else pending
+        pending = []
+        for i, device in enumerate(todo):
+            left = until - time.perf_counter()
+            if left <= 0.01 or (search is not None and search.stopped):
+                return value, False
+            if upper is not None and value >= upper - 1e-9:
+                return value, True
+            share = left / 2 if rounds == 0 and i == 0 and len(todo) > 1 else left / (len(todo) - i)
+            got, optimal = _solve_device(problem, dag, (device,), objective, scale=scale,
+                                         time_limit=share, upper=upper, lower=value,
+                                         threads=threads, seed=seed, search=search)  # fmt: skip
+            value = max(value, got)
+            if not optimal:
+                pending.append(device)
+        if not pending:
+            return value, True
+    return value, False
 
 
 def _time_scale(problem: Problem) -> float:
