@@ -36,10 +36,12 @@ from pp_opt.solvers.cpsat.variables import OpVar, Variables
 
 __all__ = ["SEQUENCE_MAX_DEVICE_OPS", "add_sequence_memory", "uses_sequence_memory"]
 
-SEQUENCE_MAX_DEVICE_OPS = 400
+SEQUENCE_MAX_DEVICE_OPS = 100
 """Largest number of compute ops on one device for which the memory is modelled over
-the op sequence (one literal per pair: about 80,000 per device here); above it the
-cumulative of lifetimes is used."""
+the op sequence (one literal per pair: about 5,000 per device here); above it the
+cumulative of lifetimes is used. On the 1.5B ``v`` rows of ``bench_solvers.py --parts
+tight`` (144 per device) the pairs cost the full model's short share more than they
+gave (1538.75 against 1487.20 on V-Min's cap, 60 s)."""
 
 _COMPUTE = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
 
