@@ -13,6 +13,10 @@ Parts (``--parts``, comma separated):
   against the Zero Bubble repo's rule schedules (``scripts/anchors.json``): anchor,
   pp_opt, bound, gap, offloads, wall seconds, and whether the solve kept its time limit
   (``limit * 1.05 + 2 s``).
+- ``exact`` (issue 18): the small tight-memory ``v`` instances of
+  ``scripts/tight_instances.py`` (``EXACT``) against V-Half, V-Min and ZB-V, with
+  status, bound and gap (each solve gets ``--time-limit``); the span instance (CP-SAT,
+  10 s); the ``v`` offload instance at cap 2 against its no-offload makespan at cap 3.
 - ``offload-target`` (issue 10): the PipeOffload instance at half of ZB-V's cap
   (``k`` = 0.5 and 1) against the same instance without offload at ZB-V's full cap, and
   idle fractions against PipeOffload's at the same cap.
@@ -243,6 +247,56 @@ def part_offload_target(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def _rule_makespan(name: str, problem: Problem) -> float | str:
+    try:
+        return baseline(name, problem).metrics.makespan
+    except InfeasibleError as err:
+        return f"over cap (needs {err.min_cap:.3g})"
+    except PPOptError as err:
+        return f"n/a: {err}"
+
+
+def _cell(value: float | str) -> str:
+    return f"{value:.2f}" if isinstance(value, float) else "over" if "over" in value else "-"
+
+
+def part_exact(args: argparse.Namespace) -> list[dict]:
+    tight = _tight_module()
+    rows = []
+    print(f"{'instance':<22} {'ops':>4} {'V-Half':>7} {'V-Min':>7} {'ZB-V':>7} {'pp_opt':>7} "
+          f"{'bound':>7} {'status':<9} {'gap':>6} {'wall':>6} limit")  # fmt: skip
+    for p, m, cap in tight.EXACT:
+        problem = tight.exact_instance(p, m, cap)
+        row = _solve_row(problem.name, problem, args)
+        row.update(p=p, m=m, cap=cap, ops=3 * 2 * p * m)
+        for rule in ("v-half", "v-min", "zb-v"):
+            row[rule] = _rule_makespan(rule, problem)
+        done = row["status"] == "optimal" or row["wall"] >= args.time_limit * 0.95
+        row["to_limit_or_proof"] = done
+        print(f"{row['instance']:<22} {row['ops']:>4} {_cell(row['v-half']):>7} "
+              f"{_cell(row['v-min']):>7} {_cell(row['zb-v']):>7} {row['makespan']:>7.2f} "
+              f"{row['lower_bound']:>7.2f} {row['status']:<9} {row['gap']:>6.2%} "
+              f"{row['wall']:>6.1f} {'ok' if row['to_limit_or_proof'] else 'EARLY'}",
+              flush=True)  # fmt: skip
+        rows.append(row)
+    span_args = argparse.Namespace(**{**vars(args), "time_limit": min(10.0, args.time_limit)})
+    span = _solve_row(tight.span_instance().name, tight.span_instance(), span_args)
+    span["objective_kind"] = "span"
+    print(f"{span['instance']}: span {span['objective']:.2f} bound {span['lower_bound']:.2f} "
+          f"{span['status']} in {span['wall']:.1f} s (limit 10)", flush=True)  # fmt: skip
+    rows.append(span)
+    reference = _solve_row("v offload reference (cap 3, no offload)",
+                           tight.v_offload_instance(3.0, offload=False), args)  # fmt: skip
+    rows.append(reference)
+    offload = _solve_row("v offload cap 2", tight.v_offload_instance(2.0), args)
+    offload["vs_reference"] = offload["makespan"] / reference["makespan"] - 1
+    rows.append(offload)
+    print(f"v offload: cap 2 with offload {offload['makespan']:.2f} ({offload['offloads']} "
+          f"offloads, {offload['status']}) vs cap 3 without {reference['makespan']:.2f}: "
+          f"{offload['vs_reference']:+.2%}", flush=True)  # fmt: skip
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="configs,offload,scale")
@@ -261,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     print(" ".join(f"{h:<10}" for h in HEADER))
     rows: list[dict] = []
     parts = {"configs": part_configs, "offload": part_offload, "scale": part_scale,
-             "tight": part_tight, "offload-target": part_offload_target}  # fmt: skip
+             "tight": part_tight, "offload-target": part_offload_target,
+             "exact": part_exact}  # fmt: skip
     for part in args.parts.split(","):
         if part not in parts:
             print(f"unknown part {part!r}; use {', '.join(parts)}", file=sys.stderr)

@@ -11,14 +11,18 @@
   ``0.75 k`` per chunk (the whole device's activation in ``3k``), split backward.
 
 ``INSTANCES`` maps each row name of ``scripts/anchors.json`` to its builder.
+
+Issue 18's small instances (:func:`exact_instance`, :func:`span_instance`,
+:func:`v_offload_instance`) are listed in ``EXACT``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from pp_opt.problem import Device, Problem, Stage
+from pp_opt.problem import Device, Problem, Stage, uniform_problem
 from pp_opt.problem_io import load_problem, resplit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,3 +96,42 @@ INSTANCES: dict[str, Callable[[], Problem]] = {
     "pipeoffload-k1-cap4": pipeoffload_k1_cap4,
 }
 """Row name -> instance builder, in the order of the issue's tables."""
+
+
+def exact_instance(p: int, m: int, cap: float) -> Problem:
+    """Issue 18: ``v`` placement, per chunk ``t_f = t_b = 0.5``, ``t_w = 0.3``, ``m_b = 0.5``,
+    ``m_w = 0.2``, ``t_comm = 0.05``; ``cap`` in whole-device activations (``M_B = 1``)."""
+    problem = uniform_problem(p=p, m=m, t_f=1.0, t_b=1.0, t_w=0.6, m_b=1.0, m_w=0.4,
+                              t_comm=0.05, cap=cap, placement="v", v=2)  # fmt: skip
+    return problem.replace(objective="makespan", name=f"v p={p} m={m} cap={cap:g}")
+
+
+def span_instance() -> Problem:
+    """Issue 18: 3 devices, 5 microbatches, uneven stages, cap 2.5 activations, span."""
+    stages = (
+        Stage(device=0, t_f=1.0, t_b=1.2, t_w=0.6, m_w=0.3),
+        Stage(device=1, t_f=1.5, t_b=1.6, t_w=0.8, m_w=0.4),
+        Stage(device=2, t_f=1.2, t_b=1.0, t_w=0.5, m_w=0.2),
+    )
+    return Problem(p=3, m=5, stages=stages, devices=tuple(Device(cap=2.5) for _ in range(3)),
+                   t_comm=0.1, objective="span", name="loop p=3 m=5 uneven cap=2.5")  # fmt: skip
+
+
+def v_offload_instance(cap: float, *, offload: bool = True, placement: str = "v") -> Problem:
+    """Issue 18: ``p = 4``, ``m = 12``, per chunk ``t_f = t_b = 0.5``, ``t_w = 0.35``,
+    ``t_comm = 0.02``, ``m_b = 0.5``, ``m_w = 0.2``, ``t_offload = t_reload = 0.8``, host
+    links ``[[0, 1], [2, 3]]``, two chunks per device."""
+    problem = uniform_problem(p=4, m=12, t_f=1.0, t_b=1.0, t_w=0.7, m_b=1.0, m_w=0.4,
+                              t_comm=0.02, cap=cap, placement=placement, v=2,
+                              host_links=((0, 1), (2, 3)))  # fmt: skip
+    stages = tuple(dataclasses.replace(st, t_offload=0.8, t_reload=0.8) for st in problem.stages)
+    name = f"{placement} offload p=4 m=12 cap={cap:g}" + ("" if offload else " no-offload")
+    return problem.replace(stages=stages, offload=offload, objective="makespan", name=name)
+
+
+EXACT: tuple[tuple[int, int, float], ...] = (
+    (3, 6, 2.5), (3, 6, 2.0), (4, 8, 3.0),  # the issue's table
+    (3, 8, 2.5), (3, 8, 2.0), (4, 8, 2.5),  # m = 8 (p 3) and cap 2.5 (p 4)
+    (3, 6, 3.0), (4, 8, 4.0),  # ZB-V's cap, for the comparison with ZB-V
+)  # fmt: skip
+"""``(p, m, cap)`` of the exact rows of ``bench_solvers.py --parts exact``."""

@@ -38,9 +38,11 @@ Why the result is valid:
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from pp_opt.dag import dag_for
 from pp_opt.errors import DeadlockError
@@ -364,6 +366,11 @@ def place_offloads(
     return best
 
 
+def _first_chunk(problem: Problem, stage: int) -> bool:
+    """Whether ``stage`` is the lowest stage of its device."""
+    return stage == min(problem.stages_on(problem.device_of(stage)))
+
+
 def with_link_offloads(
     problem: Problem, schedule: Schedule, fractions: Sequence[float] = (1.0,)
 ) -> Schedule | None:
@@ -383,14 +390,21 @@ def with_link_offloads(
     allowed = tuple(sorted(set(fractions)))
     modes = ("whole",) if allowed == (1.0,) else ("whole", "need")
     compiled = CompiledProblem.of(problem, split_backward=split_of(order))
+    # Beyond ``loop`` (one chunk after the other on every device), the first chunk of a
+    # device lives longest: also try offloading only first chunks.
+    eligible: list[Callable[[int], bool] | None] = [None]
+    if problem.placement != "loop":
+        eligible.append(partial(_first_chunk, problem))
     best: Schedule | None = None
-    for eager in (False, True):
-        for lead in (0.0, 1.0):
-            for mode in modes:
-                policy = OffloadPolicy(lead=lead, fraction=mode, eager=eager, fractions=allowed)
-                placed = place_offloads(problem, order, policy=policy, compiled=compiled)
-                if placed is None or validate(placed[1]):
-                    continue
-                if best is None or placed[1].objective_value() < best.objective_value():
-                    best = placed[1]
+    for eager, lead, mode, only in itertools.product((False, True), (0.0, 0.5, 1.0), modes,
+                                                     eligible):  # fmt: skip
+        if (only is not None and eager) or (only is None and lead == 0.5):
+            continue
+        policy = OffloadPolicy(lead=lead, fraction=mode, eager=eager, fractions=allowed,
+                               eligible=only)  # fmt: skip
+        placed = place_offloads(problem, order, policy=policy, compiled=compiled)
+        if placed is None or validate(placed[1]):
+            continue
+        if best is None or placed[1].objective_value() < best.objective_value():
+            best = placed[1]
     return best

@@ -25,6 +25,23 @@ def roomy(problem: Problem) -> Problem:
     )
 
 
+RAISED_CAPS = (1.25, 1.5)
+"""Factors of the room (cap minus static) at which offload warm starts also make their
+compute orders (:func:`raised`): an order made for somewhat more memory than the cap,
+with copies for the difference, keeps most of its speed where an order made without any
+cap needs more copies than the host links carry."""
+
+
+def raised(problem: Problem) -> list[Problem]:
+    """The problem without offload, its room raised by each of :data:`RAISED_CAPS`."""
+    out = []
+    for factor in RAISED_CAPS:
+        devices = tuple(Device(cap=d.static + factor * (d.cap - d.static), static=d.static)
+                        for d in problem.devices)  # fmt: skip
+        out.append(problem.replace(offload=False, devices=devices))
+    return out
+
+
 def with_offloads(problem: Problem, schedule: Schedule, fraction: float) -> Order:
     """``schedule``'s compute ops on ``problem``, with every activation offloaded that fits.
 

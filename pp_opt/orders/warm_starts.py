@@ -19,7 +19,7 @@ from pp_opt.errors import PPOptError
 from pp_opt.order import Order
 from pp_opt.orders.common import same_placement
 from pp_opt.orders.offload_links import with_link_offloads
-from pp_opt.orders.offload_warm import roomy, with_offloads
+from pp_opt.orders.offload_warm import raised, roomy, with_offloads
 from pp_opt.orders.registry import REGISTRY, Entry
 from pp_opt.problem import Problem
 from pp_opt.runtime_rules import in_runtime_order
@@ -100,10 +100,16 @@ def candidates(
         if order is None or not same_placement(order.problem, problem):
             continue
         _keep(found, rank, order, problem, order.name or name)
-    if problem.offload and not (found and _past(deadline)):
-        base = roomy(problem)
-        for rank, (name, entry) in enumerate(entries, start=len(entries)):
-            if not entry.offload_base or (found and _past(deadline)):
+    # With offload: orders made without the caps (classic and list schedules) or for
+    # somewhat more memory (also the rule schedules of the placement), plus copies.
+    # (``loop`` orders take copies well without it: no raised caps there.)
+    bases = [(roomy(problem), False)]
+    if problem.placement != "loop":
+        bases += [(b, True) for b in raised(problem)]
+    for n, (base, capped) in enumerate(bases if problem.offload else []):
+        for rank, (name, entry) in enumerate(entries, start=(n + 1) * len(entries)):
+            rule = capped and entry.placements is not None and problem.placement in entry.placements
+            if not (entry.offload_base or rule) or (found and _past(deadline)):
                 continue
             made = _generate(name, entry, base, fraction=fraction, deadline=deadline)
             if made is None or not same_placement(made.problem, problem):

@@ -45,7 +45,13 @@ search (:mod:`pp_opt.solvers.lns`) improves the warm start instead."""
 
 FULL_MODEL_SHARE = 0.25
 """Share of the time left after the warm starts that the full CP-SAT model gets when the
-large-neighbourhood search follows it."""
+large-neighbourhood search follows it (problems above :data:`FULL_MODEL_ALONE_OPS`)."""
+
+FULL_MODEL_ALONE_OPS = 600
+"""Up to this many ops the full CP-SAT model gets all the time left after the warm
+starts: there it proves optima or finds the best schedules, and the large-neighbourhood
+search only runs if time is left. Above it the model gets :data:`FULL_MODEL_SHARE` and
+the search, restarting with new windows whenever it is stuck, the rest."""
 
 WARM_START_SHARE = 0.5
 """Share of the time limit after which no further warm-start generator starts; the
@@ -122,9 +128,11 @@ def solve(
     # CP-SAT solves get a large-neighbourhood search after the full model (or instead of
     # it, when the model is too large to search well): it improves a valid schedule.
     search = solver == "cpsat" and warm is not None
-    full = not (search and op_count(problem) > FULL_MODEL_OPS)  # the DAG only when needed
-    result = _run_backend(solver, problem, dag_for(problem), options, end, share=FULL_MODEL_SHARE
-                          if search else 1.0) if full else _skipped()  # fmt: skip
+    ops = op_count(problem)  # the DAG is built only when the backend needs it
+    full = not (search and ops > FULL_MODEL_OPS)
+    share = FULL_MODEL_SHARE if search and ops > FULL_MODEL_ALONE_OPS else 1.0
+    result = _run_backend(solver, problem, dag_for(problem), options, end,
+                          share=share) if full else _skipped()  # fmt: skip
     found = _checked(problem, result, solver)
     bound = lower_bound(problem, options.objective, offload_fractions=fractions)
     if result.bound is not None:
@@ -146,9 +154,10 @@ def solve(
     ):
         chosen, windows, improvements = _improve(chosen, options, end, bound, started)
     value = _value(chosen)
-    bound = min(bound, value)
+    proved = _proved(value, bound)
+    bound = value if proved else min(bound, value)  # rounding noise is no gap
     gap = (value - bound) / value if value > 0 else 0.0
-    status = Status.OPTIMAL if _proved(value, bound) else Status.FEASIBLE
+    status = Status.OPTIMAL if proved else Status.FEASIBLE
     warm_info = WarmStart(name=warm[0], objective=_value(warm[1])) if warm else None
     info = SolverInfo(
         name=solver,

@@ -17,6 +17,7 @@ from pp_opt.problem import Problem
 from pp_opt.schedule import Status
 from pp_opt.solvers.base import BackendResult, OutOfTime, Progress, ProgressCallback, SolveOptions
 from pp_opt.solvers.cpsat.model import build_model
+from pp_opt.solvers.cpsat.relaxation import RelaxationBound, device_relaxation_bound
 from pp_opt.solvers.cpsat.solution import STATUS, read_ops
 from pp_opt.solvers.interrupt import Search, guarded, handling_signals, running_search
 
@@ -44,8 +45,16 @@ def _solve(
     problem: Problem, dag: nx.DiGraph, options: SolveOptions, search: Search
 ) -> BackendResult:
     started = time.perf_counter()
+    relaxed = _relaxation(problem, options, search)
+    warm = options.warm_start
+    if relaxed is not None and warm is not None:
+        value = warm.objective_value(options.objective)
+        if value <= relaxed.value + 1e-9 * max(1.0, value):  # the warm start is optimal
+            return BackendResult(status=Status.OPTIMAL, objective=value, bound=relaxed.value,
+                                 seconds=time.perf_counter() - started, ops=warm.ops)  # fmt: skip
     try:
-        built = build_model(problem, dag, options, deadline=started + options.time_limit)
+        built = build_model(problem, dag, options, deadline=started + options.time_limit,
+                            bound=None if relaxed is None else relaxed.value)  # fmt: skip
     except OutOfTime:
         seconds = time.perf_counter() - started
         log.info("cpsat: no time left to search after %.2f s of building the model", seconds)
@@ -90,11 +99,13 @@ def _solve(
     if status in ("infeasible", "timeout"):
         return BackendResult(status=status, objective=None, bound=None, seconds=seconds, ops=None)
     scale = built.scaling.time
+    # Rounded costs or memory make the model's bound a bound of another problem.
+    bounds = [solver.best_objective_bound / scale] if built.scaling.exact else []
+    bounds += [] if relaxed is None else [relaxed.value]
     return BackendResult(
         status=status,
         objective=solver.value(built.objective) / scale,
-        # Rounded costs or memory make the model's bound a bound of another problem.
-        bound=solver.best_objective_bound / scale if built.scaling.exact else None,
+        bound=max(bounds) if bounds else None,
         seconds=seconds,
         ops=read_ops(solver, built.vars),
     )
@@ -125,6 +136,22 @@ def _drop_rejected_hint(model: cp_model.CpModel, options: SolveOptions, started:
     if check.solve(model) == cp_model.INFEASIBLE:
         log.info("cpsat: the warm start's hint does not fit the model; solving without it")
         model.clear_hints()  # type: ignore[no-untyped-call]
+
+
+RELAXATION_SHARE = 0.2
+"""Most of a CP-SAT solve's time limit the device relaxation bound
+(:mod:`.relaxation`) may use before the full model; it usually needs a few seconds
+where it applies (no offload or recompute) and proves tight-memory optima."""
+
+
+def _relaxation(problem: Problem, options: SolveOptions, search: Search) -> RelaxationBound | None:
+    """The device relaxation bound, when it applies (:mod:`.relaxation`)."""
+    warm = options.warm_start
+    upper = None if warm is None else warm.objective_value(options.objective)
+    return device_relaxation_bound(problem, options.objective, upper=upper,
+                                   time_limit=RELAXATION_SHARE * options.time_limit,
+                                   threads=max(1, options.threads), seed=options.seed,
+                                   search=search)  # fmt: skip
 
 
 STOP_DELAY = 0.25

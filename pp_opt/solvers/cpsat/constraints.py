@@ -52,7 +52,7 @@ def add_no_overlap(model: cp_model.CpModel, v: Variables) -> None:
             model.add_no_overlap(intervals)
 
 
-def _memory_uses(
+def memory_uses(
     v: Variables, s: int, j: int
 ) -> list[tuple[OpRef, OpRef, float, cp_model.IntVar | None]]:
     """``(alloc, free, amount, literal)`` lifetimes of one activation, for each choice.
@@ -104,7 +104,7 @@ def add_memory(model: cp_model.CpModel, v: Variables) -> None:
     for s in range(v.problem.num_stages):
         device = v.problem.device_of(s)
         for j in range(v.problem.m):
-            for n, (alloc, free, amount, lit) in enumerate(_memory_uses(v, s, j)):
+            for n, (alloc, free, amount, lit) in enumerate(memory_uses(v, s, j)):
                 demand = v.scaling.mem(amount)
                 if demand <= 0:
                     continue
@@ -148,14 +148,22 @@ def add_symmetry_breaking(model: cp_model.CpModel, v: Variables) -> None:
     offload or recompute, activations differ in their choice, so only the
     last stage's forwards are ordered (one renumbering, the runtimes' own).
     """
+    for a, b in symmetry_chains(v):
+        model.add(v.ops[a].end <= v.ops[b].start)
+
+
+def symmetry_chains(v: Variables) -> list[tuple[OpKey, OpKey]]:
+    """The pairs ``(a, b)`` :func:`add_symmetry_breaking` orders (``a`` ends before ``b``)."""
     p = v.problem
     stages: range = range(p.num_stages)
     kinds = [OpKind.F, OpKind.B, OpKind.W, OpKind.BW]
     if v.offloads or any(k.kind is OpKind.R for k in v.ops):
         stages, kinds = range(loss_stage(p), loss_stage(p) + 1), [OpKind.F]
+    pairs = []
     for s in stages:
         for kind in kinds:
-            chain = [v.ops.get(OpKey(kind, s, j)) for j in range(p.m)]
+            chain = [OpKey(kind, s, j) for j in range(p.m)]
             for a, b in zip(chain, chain[1:], strict=False):
-                if a is not None and b is not None:
-                    model.add(a.end <= b.start)
+                if a in v.ops and b in v.ops:
+                    pairs.append((a, b))
+    return pairs

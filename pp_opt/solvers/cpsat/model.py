@@ -8,6 +8,7 @@ creates the variables (:mod:`.variables`), adds each constraint family
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import networkx as nx
@@ -22,9 +23,11 @@ from pp_opt.solvers.cpsat.constraints import (
     add_precedences,
     add_runtime_order,
     add_symmetry_breaking,
+    symmetry_chains,
 )
 from pp_opt.solvers.cpsat.objective import add_objective
 from pp_opt.solvers.cpsat.scaling import Scaling, choose_scaling
+from pp_opt.solvers.cpsat.sequence import add_sequence_memory, uses_sequence_memory
 from pp_opt.solvers.cpsat.variables import (
     Variables,
     create_variables,
@@ -45,13 +48,20 @@ class CpsatModel:
 
 
 def build_model(
-    problem: Problem, dag: nx.DiGraph, options: SolveOptions, *, deadline: float | None = None
+    problem: Problem,
+    dag: nx.DiGraph,
+    options: SolveOptions,
+    *,
+    deadline: float | None = None,
+    bound: float | None = None,
 ) -> CpsatModel:
     """The CP-SAT model of ``dag`` (times in the integer units of :func:`choose_scaling`).
 
     A warm start, timed in model units, bounds the objective (and the horizon, for
-    ``makespan``) and hints every variable. Raises :class:`OutOfTime` between steps once
-    ``time.perf_counter()`` passes ``deadline``.
+    ``makespan``) and hints every variable. ``bound`` (problem units, e.g. from
+    :mod:`.relaxation`) bounds the objective from below when the scale is exact.
+    Raises :class:`OutOfTime` between steps once ``time.perf_counter()`` passes
+    ``deadline``.
     """
     fractions = tuple(options.offload_fractions) if dag.graph.get("offload") else ()
     scaling = choose_scaling(problem, fractions or (1.0,))
@@ -76,11 +86,31 @@ def build_model(
     check_time(deadline)
     add_no_overlap(model, v)
     check_time(deadline)
-    add_memory(model, v)
+    if _sequence_memory(options.memory_model, v):
+        add_sequence_memory(model, v, dag, symmetry_chains(v))
+    else:
+        add_memory(model, v)
     check_time(deadline)
     add_symmetry_breaking(model, v)
     check_time(deadline)
-    obj = add_objective(model, v, options.objective, upper=upper)
+    lower = None
+    if bound is not None and scaling.exact:
+        lower = math.ceil(bound * scaling.time - 1e-6)
+    obj = add_objective(model, v, options.objective, upper=upper, lower=lower)
     if warm is not None:
         add_hints(model, v, warm, obj, options.objective)
     return CpsatModel(model=model, vars=v, objective=obj, scaling=scaling)
+
+
+def _sequence_memory(choice: str, v: Variables) -> bool:
+    """Whether the memory is modelled over the op sequence (:mod:`.sequence`)."""
+    if choice not in ("auto", "sequence", "cumulative"):
+        raise ValueError(f"memory_model {choice!r} is unknown; use 'auto', 'sequence' or "
+                         "'cumulative'")  # fmt: skip
+    if choice == "cumulative":
+        return False
+    applies = uses_sequence_memory(v)
+    if choice == "sequence" and not applies:
+        raise ValueError("memory_model 'sequence' needs a problem without offload and "
+                         "recompute; use 'auto' or 'cumulative'")  # fmt: skip
+    return applies

@@ -13,9 +13,15 @@ from pp_opt.solvers.cpsat.variables import OpVar, Variables
 
 
 def add_objective(
-    model: cp_model.CpModel, v: Variables, objective: str, *, upper: int | None = None
+    model: cp_model.CpModel,
+    v: Variables,
+    objective: str,
+    *,
+    upper: int | None = None,
+    lower: int | None = None,
 ) -> cp_model.IntVar:
-    """Minimise ``objective``; ``upper`` (a warm start's value) bounds it from above.
+    """Minimise ``objective``; ``upper`` (a warm start's value) bounds it from above and
+    ``lower`` (a proved bound in model units) from below.
 
     Every op waits, through the DAG, for a forward of its own device and is
     waited for by a ``W`` (or ``BW``) of its own device, so the first start on a
@@ -49,5 +55,7 @@ def add_objective(
     # The independent bound, on the model's own rounded costs, is valid for the model and
     # lets CP-SAT prove optimality where its own relaxation is weak (spans, mostly).
     model.add(obj >= math.ceil(lower_bound(v.scaled, objective) - 1e-6))
+    if lower is not None:
+        model.add(obj >= min(lower, top))
     model.minimize(obj)
     return obj

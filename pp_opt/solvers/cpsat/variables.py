@@ -63,6 +63,9 @@ class Variables:
     """Literal "activation kept", for activations that have another choice."""
     lifetimes: list[tuple[cp_model.IntVar, OpRef, OpRef]] = field(default_factory=list)
     """``(size, alloc, free)`` of each memory interval; ``alloc``/``free`` are ``(op, at_end)``."""
+    orders: dict[tuple[OpKey, OpKey], cp_model.IntVar] = field(default_factory=dict)
+    """Literal "``a`` ends before ``b`` starts" of the sequence memory model, per pair of
+    compute ops of one device that nothing orders already (:mod:`.sequence`)."""
     span_vars: dict[int, tuple[cp_model.IntVar, cp_model.IntVar]] = field(default_factory=dict)
     """Per device, first start and last end (``span`` objective only)."""
 

@@ -90,6 +90,9 @@ def add_hints(
             a = start[id(alloc[0])] + (alloc[0].size if alloc[1] else 0)
             b = start[id(free[0])] + (free[0].size if free[1] else 0)
             model.add_hint(size, max(0, b - a))
+    for (earlier, later), lit in v.orders.items():
+        if earlier in timed and later in timed:
+            model.add_hint(lit, timed[earlier].end <= timed[later].start + 1e-9)
     by_device = warm.by_device()
     for device, (first, last) in v.span_vars.items():
         own = by_device[device]

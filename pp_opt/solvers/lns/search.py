@@ -44,7 +44,15 @@ class SearchStats:
 
     windows: int = 0
     improvements: int = 0
+    restarts: int = 0
+    """Times the search found no gain in two sweeps and started over with other windows."""
     seconds: float = 0.0
+
+
+STEP_LIMIT_GROWTH = 1.5
+"""Each restart gives a window's sub-solve this much more time (up to :data:`MAX_STEP_LIMIT`)."""
+MAX_STEP_LIMIT = 20.0
+"""Most seconds one window's sub-solve gets after restarts."""
 
 
 def improve(
@@ -59,11 +67,16 @@ def improve(
     on_improve: Improved | None = None,
     stats: SearchStats | None = None,
     search: Search | None = None,
+    stop_when_stale: bool = False,
 ) -> Schedule:
     """The best schedule found from ``schedule`` by ``deadline`` (``time.perf_counter()``).
 
     ``schedule`` must be valid; so is every schedule this returns. ``search``
-    (:mod:`pp_opt.solvers.interrupt`) ends it early when asked to stop.
+    (:mod:`pp_opt.solvers.interrupt`) ends it early when asked to stop. After two full
+    sweeps without a gain (a local optimum for these windows) the search restarts at a
+    random offset with a random window size and a longer ``step_limit`` (times
+    :data:`STEP_LIMIT_GROWTH`), so the whole time to ``deadline`` is used; with
+    ``stop_when_stale`` it returns there instead.
     """
     started = time.perf_counter()
     stats = stats if stats is not None else SearchStats()
@@ -120,8 +133,16 @@ def improve(
         position += max(1, size // 2)
         if position + 1 >= n:
             position = n  # wrap to a random offset on the next step
-        if stale > 4 * max(1, n // max(1, size)):
-            break  # two full sweeps without a gain: a local optimum for these windows
+        if stale > 4 * max(1, n // max(1, size)):  # two full sweeps without a gain
+            if stop_when_stale:
+                break
+            stale = 0
+            stats.restarts += 1
+            step_limit = min(MAX_STEP_LIMIT, step_limit * STEP_LIMIT_GROWTH)
+            size = rng.randint(min(n, 50), max(min(n, 50), min(n, 2 * window_ops)))
+            position = rng.randrange(0, max(1, n - 1))
+            log.info("lns: restart %d (window %d ops, step %.3g s)", stats.restarts, size,
+                     step_limit)  # fmt: skip
     stats.seconds += time.perf_counter() - started
     return best
 

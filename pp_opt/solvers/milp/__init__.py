@@ -91,6 +91,12 @@ def _solve(
     warm = warm_ops(problem, dag, options.warm_start) if options.warm_start else None
     warm_value = _objective(problem, warm, options.objective) if warm else None
     _report(options, started, warm_value, None)
+    relaxed = _relaxation(problem, options, warm_value, search)
+    if warm and warm_value is not None and relaxed is not None and warm_value <= relaxed + 1e-9:
+        seconds = time.monotonic() - started  # the warm start is optimal
+        _report(options, started, warm_value, warm_value)
+        return BackendResult(status=Status.OPTIMAL, objective=warm_value, bound=warm_value,
+                             seconds=seconds, ops=warm)  # fmt: skip
     try:
         model: MilpModel | None = build_model(
             problem,
@@ -134,13 +140,32 @@ def _solve(
     if found is None:
         status = Status.INFEASIBLE if outcome.proved_infeasible else Status.TIMEOUT
     bound = outcome.bound if status is not Status.OPTIMAL else value
+    if relaxed is not None:
+        bound = relaxed if bound is None else max(bound, relaxed)
     if bound is not None and value is not None:
         bound = min(bound, value)
+        if value <= bound + 1e-9 * max(1.0, value):
+            status = Status.OPTIMAL
     seconds = time.monotonic() - started
     _report(options, started, value, bound)
     log.info("milp (%s): %s, objective %s, bound %s, %.2f s", backend, status, value, bound,
              seconds)  # fmt: skip
     return BackendResult(status=status, objective=value, bound=bound, seconds=seconds, ops=found)
+
+
+def _relaxation(
+    problem: Problem, options: SolveOptions, upper: float | None, search: Search
+) -> float | None:
+    """The device relaxation bound (:mod:`pp_opt.solvers.cpsat.relaxation`, solved with
+    CP-SAT) within :data:`~pp_opt.solvers.cpsat.RELAXATION_SHARE` of the time limit."""
+    from pp_opt.solvers.cpsat import RELAXATION_SHARE
+    from pp_opt.solvers.cpsat.relaxation import device_relaxation_bound
+
+    relaxed = device_relaxation_bound(problem, options.objective, upper=upper,
+                                      time_limit=RELAXATION_SHARE * options.time_limit,
+                                      threads=max(1, options.threads), seed=options.seed,
+                                      search=search)  # fmt: skip
+    return None if relaxed is None else relaxed.value
 
 
 def _horizon(

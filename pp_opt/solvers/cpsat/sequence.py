@@ -1,0 +1,169 @@
+"""Memory over each device's op sequence: precedence literals instead of a cumulative.
+
+Without offload and recompute a device's memory changes only at its compute ops
+(``F`` allocates at its start, ``B``, ``W`` and ``BW`` free at their end) and its
+compute stream runs one op at a time, so the memory a device holds at any moment
+depends only on the *order* of its compute ops, never on their times. It rises only
+at the start of a forward, so it is under the cap everywhere iff it is under the cap
+at the start of every forward ``x``::
+
+    sum over lifetimes l of d_l * ([alloc_l is x or before x] - [free_l before x]) <= room
+
+where ``before`` means "ends no later than the other starts" (frees at the same
+moment as an allocation come first, as in :func:`pp_opt.metrics.memory_events`); a
+lifetime's free always follows its allocation in the DAG, so the difference is 1
+exactly while it holds memory. With one literal ``a before b`` per pair of compute
+ops of a device (fixed where the DAG or the symmetry breaking of
+:func:`~.constraints.symmetry_chains` orders the pair), this is linear in literals
+and is an exact model of the cap: CP-SAT branches on the order, which decides both
+the memory and (with the disjunctive times) the makespan, instead of reasoning
+about variable-length memory intervals.
+
+Offload copies move memory at times of other streams, and ``R`` ops are optional;
+those models keep the cumulative of :func:`~.constraints.add_memory`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import networkx as nx
+from ortools.sat.python import cp_model, cp_model_helper
+
+from pp_opt.ops import OpKey, OpKind, Stream
+from pp_opt.solvers.cpsat.constraints import memory_uses
+from pp_opt.solvers.cpsat.variables import OpVar, Variables
+
+__all__ = ["SEQUENCE_MAX_DEVICE_OPS", "add_sequence_memory", "uses_sequence_memory"]
+
+SEQUENCE_MAX_DEVICE_OPS = 100
+"""Largest number of compute ops on one device for which the memory is modelled over
+the op sequence (one literal per pair: about 5,000 per device here); above it the
+cumulative of lifetimes is used. On the 1.5B ``v`` rows of ``bench_solvers.py --parts
+tight`` (144 per device) the pairs cost the full model's short share more than they
+gave (1538.75 against 1487.20 on V-Min's cap, 60 s)."""
+
+_COMPUTE = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
+
+
+def uses_sequence_memory(v: Variables) -> bool:
+    """Whether :func:`add_sequence_memory` applies: no copies, no optional ops, not too big."""
+    if v.offloads or any(op.present is not None for op in v.ops.values()):
+        return False
+    per_device: dict[int, int] = defaultdict(int)
+    for op in v.ops.values():
+        per_device[op.device] += 1
+    return max(per_device.values(), default=0) <= SEQUENCE_MAX_DEVICE_OPS
+
+
+def _orders(
+    v: Variables, dag: nx.DiGraph, chains: list[tuple[OpKey, OpKey]]
+) -> dict[OpKey, set[OpKey]]:
+    """Per compute op, the compute ops of its device that must come after it (the DAG's
+    paths and the symmetry-breaking chains, closed transitively)."""
+    graph = nx.DiGraph()
+    graph.add_nodes_from(dag.nodes)
+    graph.add_edges_from(dag.edges)
+    graph.add_edges_from(chains)
+    closure: dict[OpKey, set[OpKey]] = {}
+    for key in nx.topological_sort(graph):
+        op = v.ops.get(key)
+        if op is None or key.kind not in _COMPUTE:
+            continue
+        closure[key] = {
+            k for k in nx.descendants(graph, key) if k in v.ops and v.ops[k].device == op.device
+        }
+    return closure
+
+
+def add_sequence_memory(
+    model: cp_model.CpModel, v: Variables, dag: nx.DiGraph, chains: list[tuple[OpKey, OpKey]]
+) -> None:
+    """The cap of every device at the start of each of its forwards (module docstring).
+
+    ``chains`` are the pairs the symmetry breaking orders (they fix literals; the
+    constraints themselves are added by :func:`~.constraints.add_symmetry_breaking`).
+    """
+    after = _orders(v, dag, chains)
+    by_device: dict[int, list[OpVar]] = defaultdict(list)
+    for op in v.ops.values():
+        if op.stream is Stream.COMPUTE and op.key.kind in _COMPUTE:
+            by_device[op.device].append(op)
+    for device, ops in sorted(by_device.items()):
+        ops.sort(key=lambda o: (o.key.microbatch, o.key.stage, o.key.kind.value))
+        before = _pair_literals(model, ops, after, v.orders)
+        room = v.scaling.cap(v.problem.activation_room(device))
+        alloc: dict[OpKey, int] = defaultdict(int)
+        free: dict[OpKey, int] = defaultdict(int)
+        for size, a, f in _lifetimes(v, ops):
+            alloc[a] += size
+            free[f] += size
+        for x in ops:
+            if x.key.kind is not OpKind.F:
+                continue
+            terms: list[cp_model.LinearExprT] = []
+            level = alloc[x.key]
+            for y in ops:
+                if y is x:
+                    continue
+                amount = alloc[y.key] - free[y.key]
+                if amount == 0:
+                    continue
+                lit = before[(y.key, x.key)]
+                if isinstance(lit, bool):
+                    level += amount if lit else 0
+                else:
+                    terms.append(amount * lit)
+            if not terms:
+                if level > room:
+                    model.add_bool_or([])  # no order fits: infeasible
+                continue
+            model.add(level + sum(terms) <= room)
+
+
+Before = dict[tuple[OpKey, OpKey], bool | cp_model.IntVar | cp_model_helper.Literal]
+"""A pair's order: fixed (True/False) or a literal for "the first ends before the other"."""
+
+
+def _pair_literals(
+    model: cp_model.CpModel,
+    ops: list[OpVar],
+    after: dict[OpKey, set[OpKey]],
+    literals: dict[tuple[OpKey, OpKey], cp_model.IntVar],
+) -> Before:
+    """``before[(a, b)]``: True, False, or a literal for "``a`` ends before ``b`` starts",
+    with each literal tied to the op times in both directions (and kept in ``literals``,
+    for the hints)."""
+    before: Before = {}
+    for i, a in enumerate(ops):
+        for b in ops[i + 1 :]:
+            if b.key in after.get(a.key, ()):
+                before[(a.key, b.key)], before[(b.key, a.key)] = True, False
+            elif a.key in after.get(b.key, ()):
+                before[(a.key, b.key)], before[(b.key, a.key)] = False, True
+            else:
+                lit = model.new_bool_var(f"before_{a.key.kind.value}{a.key.stage}_"
+                                         f"{a.key.microbatch}_{b.key.kind.value}"
+                                         f"{b.key.stage}_{b.key.microbatch}")  # fmt: skip
+                model.add(a.end <= b.start).only_enforce_if(lit)
+                model.add(b.end <= a.start).only_enforce_if(~lit)
+                before[(a.key, b.key)], before[(b.key, a.key)] = lit, ~lit
+                literals[(a.key, b.key)] = lit
+    return before
+
+
+def _lifetimes(v: Variables, ops: list[OpVar]) -> list[tuple[int, OpKey, OpKey]]:
+    """``(demand, alloc op, free op)`` of every activation lifetime of these ops, in model
+    units (rounded up unless exact, as the cumulative's)."""
+    out = []
+    seen: set[tuple[int, int]] = set()
+    for op in ops:
+        sj = (op.key.stage, op.key.microbatch)
+        if sj in seen:
+            continue
+        seen.add(sj)
+        for alloc, free, amount, _lit in memory_uses(v, *sj):
+            demand = v.scaling.mem(amount)
+            if demand > 0:
+                out.append((demand, alloc[0].key, free[0].key))
+    return out
