@@ -1,4 +1,4 @@
-"""Issue 16: native code cannot take a run down; each backend and the search run in a child
+"""Native code cannot take a run down; each backend and the search run in a child
 process (pp_opt.solvers.isolation), and a crash there costs only that job's answer."""
 
 from __future__ import annotations
@@ -38,7 +38,12 @@ def test_a_crashing_backend_still_writes_a_valid_schedule(
     tmp_path: Path, fault: str, backend: str, how: str
 ) -> None:
     out = tmp_path / "s.json"
-    done = _cli("solve", SMALL, "--objective", "span", "--time-limit", "3", "-q", "-o", str(out),
+    # Large enough (over FULL_MODEL_ALONE_OPS) and tight enough that the search follows the
+    # full model unproved: the faults of both phases then happen.
+    problem = tmp_path / "p.toml"
+    text = Path(SMALL).read_text().replace("m = 8 ", "m = 60 ").replace("cap = 8.0", "cap = 3.0")
+    problem.write_text(text)
+    done = _cli("solve", str(problem), "--time-limit", "4", "-q", "-o", str(out),
                 env={FAULT_ENV: fault})  # fmt: skip
     assert done.returncode == exit_codes.BACKEND_FAILED, done.stderr
     assert "Traceback" not in done.stderr
