@@ -286,3 +286,11 @@ def test_pruning_keeps_the_top_of_an_exhaustive_search(serial: Plan) -> None:
     assert PRUNED_BY_BOUND not in exhaustive.pruned and PRUNED_BY_BOUND in serial.pruned
     assert len(exhaustive.candidates) > len(serial.candidates)
     assert top(exhaustive) == top(serial)
+
+
+def test_training_settings_without_a_csv_name_the_one_to_write(serial: Plan) -> None:
+    from pp_opt.plan.training import DEFAULT_CSV, training_settings
+
+    settings = training_settings(serial.candidates[0], n_layers=6, global_batch=8)
+    assert settings["torchtitan"]["pipeline_parallel_schedule_csv"] == DEFAULT_CSV
+    assert "--format torch-csv" in settings["schedule_csv_note"]

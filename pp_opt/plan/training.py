@@ -14,6 +14,10 @@ from pp_opt.plan.evaluate import Scored
 log = logging.getLogger(__name__)
 
 
+DEFAULT_CSV = "schedule.csv"
+"""The CSV the settings name when the plan wrote none (``--torch-csv`` not given)."""
+
+
 def training_settings(
     best: Scored, *, n_layers: int, global_batch: int, schedule_csv: str | None = None
 ) -> dict[str, Any]:
@@ -21,7 +25,16 @@ def training_settings(
     Megatron-LM cannot express the configuration, e.g. the V placement)."""
     c = best.candidate.config
     layers = list(best.candidate.layers)
+    if schedule_csv is None:  # the keys still name the CSV a job needs; say how to make it
+        schedule_csv = DEFAULT_CSV
+        note = (
+            f"write {DEFAULT_CSV} with: pp-opt export best.json --format torch-csv -o {DEFAULT_CSV}"
+        )
+    else:
+        note = ""
     out: dict[str, Any] = {"layers": layers, "schedule_csv": schedule_csv}
+    if note:
+        out["schedule_csv_note"] = note
     out["torchtitan"] = torchtitan_config(
         pp=c.pp, v=c.v, placement=c.placement, mbs=c.mbs, layers=layers, n_layers=n_layers,
         schedule_csv=schedule_csv, schedule_name=None,
