@@ -6,6 +6,7 @@ import itertools
 import math
 
 import pytest
+from test_plan import TINY as TINY_CARD
 
 from pp_opt.plan.baselines import baseline_candidates, even_split, torchtitan_split
 from pp_opt.plan.candidates import config_splits, layout_of
@@ -26,23 +27,7 @@ from pp_opt.profiler.cards import model_card_from_dict
 from pp_opt.profiler.layout import make_layout
 
 H100 = load_hardware_card("h100-80gb")
-TINY = model_card_from_dict(
-    {
-        "layers": 6,
-        "hidden": 512,
-        "heads": 8,
-        "vocab": 2048,
-        "seq": 512,
-        "mlp": "swiglu",
-        "norm": "rmsnorm",
-        "attention": "flash",
-        "bias": False,
-        "position": "rope",
-        "kv_heads": 4,
-        "ffn": 1536,
-    },
-    "tiny",
-)
+TINY = model_card_from_dict(TINY_CARD, "tiny")
 
 
 def _inputs(gpus: int = 8, batch: int = 16, card=TINY) -> PlanInputs:
