@@ -25,7 +25,7 @@ from pp_opt.solvers.cpsat.constraints import (
     add_symmetry_breaking,
     symmetry_chains,
 )
-from pp_opt.solvers.cpsat.objective import add_objective
+from pp_opt.solvers.cpsat.objective import add_heads_and_tails, add_objective
 from pp_opt.solvers.cpsat.scaling import Scaling, choose_scaling
 from pp_opt.solvers.cpsat.sequence import add_sequence_memory, uses_sequence_memory
 from pp_opt.solvers.cpsat.variables import (
@@ -45,6 +45,8 @@ class CpsatModel:
     vars: Variables
     objective: cp_model.IntVar
     scaling: Scaling
+    sequence_memory: bool = False
+    """Whether the memory is modelled over the op sequence (:mod:`.sequence`)."""
 
 
 def build_model(
@@ -86,7 +88,8 @@ def build_model(
     check_time(deadline)
     add_no_overlap(model, v)
     check_time(deadline)
-    if _sequence_memory(options.memory_model, v):
+    sequence = _sequence_memory(options.memory_model, v)
+    if sequence:
         add_sequence_memory(model, v, dag, symmetry_chains(v))
     else:
         add_memory(model, v)
@@ -97,9 +100,11 @@ def build_model(
     if bound is not None and scaling.exact:
         lower = math.ceil(bound * scaling.time - 1e-6)
     obj = add_objective(model, v, options.objective, upper=upper, lower=lower)
+    if options.objective == "makespan":
+        add_heads_and_tails(model, v, dag, obj)
     if warm is not None:
         add_hints(model, v, warm, obj, options.objective)
-    return CpsatModel(model=model, vars=v, objective=obj, scaling=scaling)
+    return CpsatModel(model=model, vars=v, objective=obj, scaling=scaling, sequence_memory=sequence)
 
 
 def _sequence_memory(choice: str, v: Variables) -> bool:

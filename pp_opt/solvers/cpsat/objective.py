@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+import networkx as nx
 from ortools.sat.python import cp_model
 
 from pp_opt.bounds import lower_bound
-from pp_opt.ops import OpKind
+from pp_opt.ops import OpKey, OpKind
 from pp_opt.solvers.cpsat.variables import OpVar, Variables
 
 
@@ -59,3 +60,32 @@ def add_objective(
         model.add(obj >= min(lower, top))
     model.minimize(obj)
     return obj
+
+
+def add_heads_and_tails(
+    model: cp_model.CpModel, v: Variables, dag: nx.DiGraph, obj: cp_model.IntVar
+) -> None:
+    """``start >= head`` and ``makespan >= end + tail`` for every op every schedule has.
+
+    ``head`` is the op's longest DAG path from the sources and ``tail`` its longest path to
+    the sinks (model durations and latencies, through ops every schedule has), so both hold
+    in every schedule of the model. They are implied by the precedences, but stated per op
+    they put the critical paths into CP-SAT's linear relaxation, which is what its bound on
+    tight-memory problems is made of (one device's order decides, the others add paths).
+    """
+    required = {k: op for k, op in v.ops.items() if op.present is None}
+    order = [k for k in nx.topological_sort(dag) if k in required]
+    lat = {(a, b): v.scaling.t(x) for a, b, x in dag.edges(data="latency")}
+    head: dict[OpKey, int] = {}
+    for k in order:
+        head[k] = max((head[u] + required[u].size + lat[(u, k)]
+                       for u in dag.predecessors(k) if u in head), default=0)  # fmt: skip
+    tail: dict[OpKey, int] = {}
+    for k in reversed(order):
+        tail[k] = max((lat[(k, w)] + required[w].size + tail[w]
+                       for w in dag.successors(k) if w in tail), default=0)  # fmt: skip
+    for k in order:
+        op = required[k]
+        if head[k] > 0:
+            model.add(op.start >= head[k])
+        model.add(obj >= op.end + tail[k])
