@@ -39,6 +39,10 @@ class SolveOptions:
     """Called as the incumbent or the bound improves; None for silence."""
     offload_fractions: tuple[float, ...] = (1.0,)
     """Fractions of an activation an ``OFFLOAD`` may move (when the problem allows offload)."""
+    alternatives: tuple[Schedule, ...] = ()
+    """Further warm starts of other compute orders (with offload): CP-SAT re-places the
+    copies of the most promising ones with their compute order fixed
+    (:mod:`pp_opt.solvers.cpsat.fixed_order`) before the full model."""
     memory_model: str = "auto"
     """CP-SAT's memory constraints: ``sequence`` (over each device's op order,
     :mod:`pp_opt.solvers.cpsat.sequence`; no offload or recompute), ``cumulative`` (a

@@ -31,6 +31,7 @@ from pp_opt.simulator import retime
 from pp_opt.solvers.base import BackendResult, Progress, ProgressCallback, SolveOptions
 from pp_opt.solvers.isolation import improve_isolated, isolated, run_isolated
 from pp_opt.solvers.result import SolveResult, WarmStart
+from pp_opt.solvers.timing import checked_timing
 from pp_opt.validator import ValidationError, check_schedule
 
 log = logging.getLogger(__name__)
@@ -123,8 +124,11 @@ def solve(
     end = started + time_limit
     fractions = options.offload_fractions
     check_caps(problem, fractions if problem.offload else ())
-    warm = _warm_start(problem, warm_start, fractions, started + WARM_START_SHARE * time_limit)
+    alternatives: list[Schedule] = []
+    warm = _warm_start(problem, warm_start, fractions, started + WARM_START_SHARE * time_limit,
+                       alternatives)  # fmt: skip
     options.warm_start = warm[1] if warm else None
+    options.alternatives = tuple(alternatives)
     # CP-SAT solves get a large-neighbourhood search after the full model (or instead of
     # it, when the model is too large to search well): it improves a valid schedule.
     search = solver == "cpsat" and warm is not None
@@ -253,16 +257,24 @@ def _warm_start(
     warm_start: bool | Schedule,
     fractions: Sequence[float],
     deadline: float,
+    alternatives: list[Schedule] | None = None,
 ) -> tuple[str, Schedule] | None:
-    """The first warm start (best objective first) that the validator passes."""
+    """The first warm start (best objective first) that the validator passes; with offload,
+    the next :data:`ALTERNATIVES` candidates go to ``alternatives`` (their compute orders
+    are worth re-placing copies for, :class:`SolveOptions`)."""
     if warm_start is False:
         return None
     if warm_start is True:
-        for candidate in candidates(problem, fractions=fractions, deadline=deadline):
+        found = candidates(problem, fractions=fractions, deadline=deadline)
+        for n, candidate in enumerate(found):
             try:
-                return candidate.name, check_schedule(candidate.schedule)
+                chosen = candidate.name, check_schedule(candidate.schedule)
             except ValidationError as err:
                 log.warning("warm start %s rejected: %s", candidate.name, err)
+                continue
+            if alternatives is not None and problem.offload:
+                alternatives.extend(c.schedule for c in found[n + 1 : n + 1 + ALTERNATIVES])
+            return chosen
         return None
     if not same_placement(warm_start.problem, problem):
         raise ProblemError(
@@ -274,6 +286,10 @@ def _warm_start(
                      metrics=compute_metrics(problem, warm_start.ops),
                      variant=warm_start.variant)  # fmt: skip
     return "given", check_schedule(in_runtime_order(retime(given)))
+
+
+ALTERNATIVES = 8
+"""Warm starts besides the best one that an offload solve passes to the backend."""
 
 
 def _proved(value: float, bound: float) -> bool:
@@ -350,7 +366,7 @@ def _checked(problem: Problem, result: BackendResult, solver: str) -> Schedule |
     raw = Schedule(problem=problem, ops=ops, solver=info, metrics=compute_metrics(problem, ops),
                    variant=Variant.of_problem(problem))  # fmt: skip
     try:
-        return check_schedule(retime(raw, solver=info))
+        return checked_timing(raw, solver=info)
     except PPOptError as err:
         log.warning("%s result rejected: %s", solver, err)
         return None

@@ -10,13 +10,16 @@ import logging
 import math
 import threading
 import time
+from dataclasses import replace
 
 import networkx as nx
 from ortools.sat.python import cp_model
 
+from pp_opt.bounds import lower_bound
 from pp_opt.problem import Problem
 from pp_opt.schedule import ScheduledOp, Status
 from pp_opt.solvers.base import BackendResult, OutOfTime, Progress, ProgressCallback, SolveOptions
+from pp_opt.solvers.cpsat.fixed_order import as_schedule, fixed_order_model, promising
 from pp_opt.solvers.cpsat.model import CpsatModel, build_model
 from pp_opt.solvers.cpsat.relaxation import RelaxationBound, device_relaxation_bound
 from pp_opt.solvers.cpsat.solution import STATUS, read_ops
@@ -53,6 +56,12 @@ def _solve(
         if value <= relaxed.value + 1e-9 * max(1.0, value):  # the warm start is optimal
             return BackendResult(status=Status.OPTIMAL, objective=value, bound=relaxed.value,
                                  seconds=time.perf_counter() - started, ops=warm.ops)  # fmt: skip
+    report = guarded(options.progress, search)
+    ordered: Found | None = None
+    if problem.offload and options.alternatives and warm is not None:
+        ordered = _fixed_orders(problem, dag, options, search, report, started)
+        if ordered is not None and ordered[3] is not None:  # the full model starts from it
+            options = replace(options, warm_start=as_schedule(problem, ordered[3], warm.variant))
     try:
         built = build_model(problem, dag, options, deadline=started + options.time_limit,
                             bound=None if relaxed is None else relaxed.value)  # fmt: skip
@@ -70,7 +79,6 @@ def _solve(
     # deterministically for a share of the time, then proves its incumbent (_prove).
     proving = built.sequence_memory and built.scaling.exact and options.threads > 1
     share = SEARCH_SHARE if proving else 1.0
-    report = guarded(options.progress, search)
     first = _search(
         built,
         options,
@@ -83,6 +91,8 @@ def _solve(
     if first is None:
         return BackendResult(status=Status.TIMEOUT, objective=None, bound=None,
                              seconds=time.perf_counter() - started, ops=None)  # fmt: skip
+    if ordered is not None and (first is None or first[3] is None or ordered[1] < first[1]):
+        first = (Status.FEASIBLE, ordered[1], None, ordered[3])  # its bound holds for its order
     status, objective, bound, ops = first
     if status == "infeasible" or ops is None:
         return BackendResult(status=status, objective=None, bound=None,
@@ -104,6 +114,46 @@ def _solve(
     )
 
 
+FIXED_ORDER_SHARE = 0.5
+"""Share of the time an offload solve with other warm starts spends re-placing their copies
+with their compute orders fixed (:mod:`.fixed_order`) before the full model."""
+
+
+def _fixed_orders(
+    problem: Problem,
+    dag: nx.DiGraph,
+    options: SolveOptions,
+    search: Search,
+    report: ProgressCallback | None,
+    started: float,
+) -> Found | None:
+    """The best schedule of the fixed-order models of the most promising warm starts
+    (:func:`.fixed_order.promising`); the fastest order gets half of the time."""
+    assert options.warm_start is not None
+    until = started + FIXED_ORDER_SHARE * options.time_limit
+    tried = promising(problem, [options.warm_start, *options.alternatives])
+    bound = lower_bound(problem, options.objective, offload_fractions=options.offload_fractions)
+    best: Found | None = None
+    for n, schedule in enumerate(tried):
+        left = until - time.perf_counter()
+        if left < 0.5 or search.stopped:
+            break
+        share = left / 2 if n == 0 and len(tried) > 1 else left / (len(tried) - n)
+        try:
+            built = fixed_order_model(problem, dag, options, schedule, deadline=until)
+        except OutOfTime:
+            break
+        found = _search(built, options, search, report, started, interleave=options.threads > 1,
+                        until=time.perf_counter() + share, shown_bound=bound)  # fmt: skip
+        if found is None or found[3] is None:
+            continue
+        log.info("cpsat: copies for compute order %d of %d: %.6g", n + 1, len(tried),
+                 found[1] / built.scaling.time)  # fmt: skip
+        if best is None or found[1] < best[1]:
+            best = found
+    return best
+
+
 SEARCH_SHARE = 0.3
 """Share of the time a model that can prove (:func:`_prove`) searches with
 ``interleave_search`` before the proof starts."""
@@ -121,9 +171,11 @@ def _search(
     *,
     until: float,
     interleave: bool,
+    shown_bound: float | None = None,
 ) -> Found | None:
     """One CP-SAT solve of the built model until ``until``; None when it found nothing and
-    proved nothing (timeout)."""
+    proved nothing (timeout). ``shown_bound`` is the bound progress reports show instead of
+    the model's (a restricted model's bound is not the problem's)."""
     solver = cp_model.CpSolver()
     params = solver.parameters
     params.max_time_in_seconds = max(0.01, until - time.perf_counter())
@@ -147,7 +199,8 @@ def _search(
         _drop_rejected_hint(built.model, options, started)
     if handling_signals():  # the command line's handler stops the search (and says so)
         params.catch_sigint_signal = False
-    callback = _ProgressCallback(report, search, built.scaling.time, started, built.objective)
+    callback = _ProgressCallback(report, search, built.scaling.time, started, built.objective,
+                                 shown_bound)  # fmt: skip
     solved = threading.Event()
     search.on_stop(lambda: _stop_soon(solver, solved))
     try:
@@ -277,8 +330,10 @@ class _ProgressCallback(cp_model.CpSolverSolutionCallback):
         scale: float,
         started: float,
         obj: cp_model.IntVar,
+        shown_bound: float | None = None,
     ) -> None:
         super().__init__()
+        self._shown_bound = shown_bound
         self._obj = obj
         self._report = report
         self._search = search
@@ -294,7 +349,9 @@ class _ProgressCallback(cp_model.CpSolverSolutionCallback):
                     Progress(
                         seconds=time.perf_counter() - self._started,
                         objective=self.value(self._obj) / self._scale,
-                        bound=self.best_objective_bound / self._scale,
+                        bound=self.best_objective_bound / self._scale
+                        if self._shown_bound is None
+                        else self._shown_bound,
                     )
                 )
         except BaseException as err:  # an exception here would abort the process

@@ -26,12 +26,12 @@ from ortools.sat.python.cp_model import CpSolver
 from pp_opt.errors import PPOptError
 from pp_opt.metrics import compute_metrics
 from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo
-from pp_opt.simulator import order_of, retime
+from pp_opt.simulator import order_of
 from pp_opt.solvers.cpsat.scaling import choose_scaling
 from pp_opt.solvers.interrupt import Search
 from pp_opt.solvers.lns.submodel import solve_window
 from pp_opt.solvers.lns.window import cut_window
-from pp_opt.validator import check_schedule
+from pp_opt.solvers.timing import checked_timing
 
 log = logging.getLogger(__name__)
 
@@ -154,10 +154,10 @@ def _accepted(best: Schedule, ops: tuple[ScheduledOp, ...]) -> Schedule | None:
     raw = Schedule(problem=best.problem, ops=ops, solver=info,
                    metrics=compute_metrics(best.problem, ops), variant=best.variant)  # fmt: skip
     try:
-        timed = retime(raw, solver=info)
+        timed = checked_timing(raw, solver=info)
         if timed.objective_value() >= best.objective_value() - 1e-9:
             return None
-        return check_schedule(timed)
+        return timed
     except PPOptError as err:
         log.warning("lns step rejected: %s", err)
         return None

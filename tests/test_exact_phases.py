@@ -1,0 +1,131 @@
+"""The CP-SAT backend's phases where memory binds (issue 18).
+
+- The proving phase (:func:`pp_opt.solvers.cpsat._prove`) asks for a schedule strictly
+  better than the incumbent: with an optimal incumbent it proves it and keeps it (the same
+  ops, so a proved result is as repeatable as the deterministic search).
+- The fixed-order copies (:mod:`pp_opt.solvers.cpsat.fixed_order`) keep a schedule's
+  compute order, never lose to the schedule they are hinted with, and give valid
+  schedules on shared host links.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from pp_opt.dag import dag_for
+from pp_opt.ops import OpKind, Stream
+from pp_opt.orders import baseline
+from pp_opt.orders.offload_links import with_link_offloads
+from pp_opt.orders.offload_warm import raised
+from pp_opt.problem import uniform_problem
+from pp_opt.schedule import Status
+from pp_opt.solvers import solve
+from pp_opt.solvers.base import SolveOptions
+from pp_opt.solvers.cpsat import Found, _prove, _search
+from pp_opt.solvers.cpsat.fixed_order import (
+    as_schedule,
+    compute_orders,
+    fixed_order_model,
+    order_makespan,
+    promising,
+)
+from pp_opt.solvers.cpsat.model import build_model
+from pp_opt.solvers.interrupt import running_search
+from pp_opt.validator import validate
+
+
+def _v(p: int, m: int, cap: float, **extra: object):  # noqa: ANN202 - a Problem
+    problem = uniform_problem(p=p, m=m, t_f=1.0, t_b=1.0, t_w=0.6, m_b=1.0, m_w=0.4,
+                              t_comm=0.05, cap=cap, placement="v", v=2, **extra)  # fmt: skip
+    return problem.replace(objective="makespan")
+
+
+def test_the_proving_phase_proves_an_optimal_incumbent_and_keeps_it() -> None:
+    """p 3, m 6, cap 2.5: 18.0 is optimal (bench_solvers.py --parts exact)."""
+    problem = _v(3, 6, 2.5)
+    best = solve(problem, time_limit=20.0)
+    assert best.status == "optimal" and best.objective == pytest.approx(18.0)
+    dag = dag_for(problem)
+    options = SolveOptions(time_limit=20.0, threads=2, warm_start=best.schedule)
+    built = build_model(problem, dag, options)
+    scale = built.scaling.time
+    incumbent: Found = (Status.FEASIBLE, round(18.0 * scale), None, best.schedule.ops)
+    with running_search() as search:
+        started = time.perf_counter()
+        status, value, bound, ops = _prove(built, options, search, None, started,
+                                           started + 20.0, incumbent)  # fmt: skip
+    assert status == Status.OPTIMAL
+    assert value == bound == round(18.0 * scale)
+    assert ops is best.schedule.ops
+
+
+def test_the_proving_phase_finds_better_than_a_poor_incumbent() -> None:
+    """An incumbent above the optimum is beaten, and the bound stays below the optimum."""
+    problem = _v(3, 6, 2.5)
+    dag = dag_for(problem)
+    warm = baseline("v-half", problem)  # 18.3
+    options = SolveOptions(time_limit=20.0, threads=2, warm_start=warm)
+    built = build_model(problem, dag, options)
+    scale = built.scaling.time
+    incumbent: Found = (Status.FEASIBLE, round(warm.metrics.makespan * scale), None, warm.ops)
+    with running_search() as search:
+        started = time.perf_counter()
+        status, value, bound, ops = _prove(built, options, search, None, started,
+                                           started + 20.0, incumbent)  # fmt: skip
+    assert value / scale < warm.metrics.makespan - 1e-6
+    assert bound is None or bound / scale <= 18.0 + 1e-9
+    schedule = as_schedule(problem, ops, warm.variant)
+    assert not validate(schedule)
+    assert schedule.metrics.makespan == pytest.approx(value / scale)
+
+
+def _v_offload(cap: float):  # noqa: ANN202 - a Problem
+    import dataclasses
+
+    problem = _v(3, 6, cap, host_links=((0, 1),))
+    stages = tuple(dataclasses.replace(st, t_offload=0.8, t_reload=0.8) for st in problem.stages)
+    return problem.replace(stages=stages, offload=True)
+
+
+def test_fixed_order_copies_keep_the_order_and_beat_their_hint() -> None:
+    problem = _v_offload(2.0)
+    source = baseline("v-half", raised(problem)[-1])  # an order made for 1.5 times the room
+    greedy = with_link_offloads(problem, source)
+    assert greedy is not None and not validate(greedy)
+    dag = dag_for(problem, greedy.variant)
+    options = SolveOptions(time_limit=4.0, threads=2, warm_start=greedy)
+    built = fixed_order_model(problem, dag, options, greedy, deadline=time.perf_counter() + 4)
+    with running_search() as search:
+        found = _search(built, options, search, None, time.perf_counter(),
+                        until=time.perf_counter() + 4.0, interleave=True)  # fmt: skip
+    assert found is not None and found[3] is not None
+    schedule = as_schedule(problem, found[3], greedy.variant)
+    assert not validate(schedule)
+    assert compute_orders(schedule) == compute_orders(greedy)
+    assert schedule.metrics.makespan <= greedy.metrics.makespan + 1e-9
+    # Copies cannot make an order faster than it runs without caps.
+    assert schedule.metrics.makespan >= order_makespan(problem, greedy) - 1e-9
+    assert any(op.kind is OpKind.OFFLOAD for op in schedule.ops)
+
+
+def test_promising_orders_are_distinct_and_fastest_first() -> None:
+    problem = _v_offload(2.0)
+    fast = with_link_offloads(problem, baseline("v-half", raised(problem)[-1]))
+    slow = with_link_offloads(problem, baseline("v-min", raised(problem)[0]))
+    assert fast is not None and slow is not None
+    ranked = promising(problem, [slow, fast, fast])
+    assert len({repr(compute_orders(s)) for s in ranked}) == len(ranked)
+    assert ranked[0] is fast or order_makespan(problem, ranked[0]) <= order_makespan(problem, fast)
+    values = [order_makespan(problem, s) for s in ranked]
+    assert values == sorted(values)
+
+
+def test_an_offload_solve_with_other_orders_is_valid_and_no_worse() -> None:
+    problem = _v_offload(2.0)
+    result = solve(problem, time_limit=6.0)
+    assert not validate(result.schedule)
+    assert result.objective <= result.warm_start.objective + 1e-9
+    copies = [op for op in result.schedule.ops if op.stream is not Stream.COMPUTE]
+    assert copies, "cap 2 needs copies on this instance"
