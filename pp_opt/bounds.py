@@ -101,6 +101,7 @@ def _variant_bound(problem: Problem, objective: str, fractions: tuple[float, ...
     if objective == "makespan":
         values = [term(problem) for term in MAKESPAN_TERMS]
         values += [memory_makespan(problem, fractions), memory_area(problem, fractions)]
+        values.append(turn_makespan(problem))
     else:
         values = [term(problem) for term in SPAN_TERMS]
     return max(values)
@@ -338,6 +339,76 @@ def memory_makespan(problem: Problem, fractions: Sequence[float] = (1.0,)) -> fl
             busy_before = problem.m * work - t_f0 - left
             cool = fill + idle_warm + busy_before + reach + t_back0 + max(t_w0, drain)
             best = max(best, cool)
+    return best
+
+
+def _backward_start(problem: Problem, stage: int) -> float:
+    """Earliest start of a backward of ``stage``: every forward, then the backwards above."""
+    last = problem.num_stages - 1
+    back = OpKind.B if problem.split_backward else OpKind.BW
+    start = _fill(problem, last) + duration(problem, OpKind.F, last)
+    for s in range(stage + 1, last + 1):
+        start += duration(problem, back, s) + _hop(problem, s, s - 1)
+    return start
+
+
+def turn_makespan(problem: Problem) -> float:
+    """``fill + idle_first + F_d + B_d + W_d + idle_last`` per device, without offload and
+    recompute: the idle a cap forces before a device's first backward and after its last
+    forward, where only forwards, or only backwards, can run.
+
+    Let ``s0`` and ``s1`` be the lowest and highest stage on ``d``. First backward: no
+    memory is freed on ``d`` before its first backward (``B``/``BW`` free, ``W`` follows a
+    ``B``), which starts no earlier than :func:`_backward_start` of ``s1`` (the earliest
+    of its stages'). Until then only forwards run, each holding at least the smallest
+    ``m_b`` of ``d``'s stages: at most ``K = room / min m_b`` of them, at most ``K``
+    times the largest ``t_f`` of work. So ``d`` idles at least ``idle_first =
+    backward_start(s1) - fill(s0) - K max t_f`` of ``[fill(s0), first backward)``.
+
+    Last forward: it is some ``F(s1, j)`` (a forward of a lower stage on ``d`` is followed
+    by its microbatch's ``F(s1, j)``), starting at ``f``. Its microbatch still needs the
+    stages above ``s1`` and the backwards down to ``s0``, and ``W(s0, j)``: the device works
+    until at least ``f + L`` with ``L = backward_start(s0) + t_back(s0) + t_w(s0) -
+    fill(s1)``. The work left at ``f`` is that forward, its own backward and ``W``, and the
+    backward and ``W`` of activations held at ``f`` (their forwards came earlier), under the
+    room minus ``m_b(s1)``: at most ``X`` (a fractional knapsack: ``t_back + t_w`` for
+    ``m_b``, ``t_w`` alone for ``m_w``). Everything else ran before ``f``, after the idle
+    above (when ``d`` has more than ``K`` forwards, its first backward precedes ``f``), so
+    ``makespan >= fill(s0) + idle_first + (total - x) + max(L, x)`` for the work ``x``
+    left at ``f``, which is smallest at ``x = X``: ``idle_last = max(0, L - X)``.
+    """
+    if problem.offload or problem.recompute:
+        return 0.0
+    split = problem.split_backward
+    back = OpKind.B if split else OpKind.BW
+    best = 0.0
+    for device in range(problem.p):
+        stages = problem.stages_on(device)
+        s0, s1 = min(stages), max(stages)
+        room = problem.devices[device].cap - problem.devices[device].static
+        t_w = {s: duration(problem, OpKind.W, s) if split else 0.0 for s in stages}
+        t_back = {s: duration(problem, back, s) for s in stages}
+        total = problem.m * sum(duration(problem, OpKind.F, s) + t_back[s] + t_w[s] for s in stages)
+        forwards = problem.m * len(stages)
+        smallest = min(problem.stages[s].m_b for s in stages)
+        idle_first = 0.0
+        if smallest > 0:
+            k = min(forwards, int(room / smallest + 1e-9))
+            if k < forwards:
+                slowest = max(duration(problem, OpKind.F, s) for s in stages)
+                reach = _backward_start(problem, s1) - _fill(problem, s0)
+                idle_first = max(0.0, reach - k * slowest)
+        tail = _backward_start(problem, s0) + t_back[s0] + t_w[s0] - _fill(problem, s1)
+        left = duration(problem, OpKind.F, s1) + t_back[s1] + t_w[s1]
+        items = [(t_back[s] + t_w[s], problem.stages[s].m_b) for s in stages]
+        if split:
+            items += [(t_w[s], problem.stages[s].m_w) for s in stages]
+        free = max(0.0, room - problem.stages[s1].m_b)
+        for work, memory in sorted(items, key=lambda i: -i[0] / max(i[1], 1e-300)):
+            take = float(problem.m) if memory <= 0 else min(float(problem.m), free / memory)
+            left += take * work
+            free -= take * memory
+        best = max(best, _fill(problem, s0) + idle_first + total + max(0.0, tail - left))
     return best
 
 

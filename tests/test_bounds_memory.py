@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from pp_opt.bounds import lower_bound, memory_area, memory_makespan
+from pp_opt.bounds import lower_bound, memory_area, memory_makespan, turn_makespan
 from pp_opt.problem import Problem, uniform_problem
 from pp_opt.solvers import solve
 
@@ -28,6 +28,35 @@ def test_warm_up_and_cool_down_idle_closed_form() -> None:
     # gives 0 + 2 + 9 + 3 + 1 + 1 = 16.
     held = _tight().replace(stages=tuple(replace(st, m_w=0.5) for st in _tight().stages))
     assert memory_makespan(held) == pytest.approx(16.0)
+
+
+def test_turn_idle_closed_form() -> None:
+    # Device 0 holds one activation (K = 1): its first backward starts at 3, one forward
+    # fits before it: idle 2. After its last forward the microbatch needs 1 + 1 + 1 + 1 + 1
+    # = 5 more (F, F and B on device 1, B and W here); the work left is that microbatch's
+    # 3, plus every W (m_w = 0 holds nothing): 7 >= 5, no idle. 2 + 12 = 14.
+    assert turn_makespan(_tight()) == pytest.approx(14.0)
+    # With m_w = 0.5 no W fits beside the last forward's activation: 3 left, idle 2 more.
+    held = _tight().replace(stages=tuple(replace(st, m_w=0.5) for st in _tight().stages))
+    assert turn_makespan(held) == pytest.approx(16.0)
+    # No memory binds: never above the device bound.
+    roomy = uniform_problem(p=4, m=8, t_comm=0.05)
+    assert turn_makespan(roomy) <= lower_bound(roomy) + 1e-9
+
+
+def test_turn_bound_meets_proved_v_optima() -> None:
+    """bench_solvers.py --parts exact: at ZB-V's cap the turn bound is the optimum itself
+    (16.90, 22.75), and below every other proved optimum of the table."""
+    proved = {(3, 6, 2.5): 18.0, (3, 6, 2.0): 19.3, (4, 8, 3.0): 25.2,
+              (3, 8, 2.5): 23.2, (3, 8, 2.0): 24.5, (4, 8, 2.5): 27.1,
+              (3, 6, 3.0): 16.9, (4, 8, 4.0): 22.75}  # fmt: skip
+    for (p, m, cap), optimum in proved.items():
+        problem = uniform_problem(p=p, m=m, t_f=1.0, t_b=1.0, t_w=0.6, m_b=1.0, m_w=0.4,
+                                  t_comm=0.05, cap=cap, placement="v", v=2)  # fmt: skip
+        assert turn_makespan(problem) <= optimum + 1e-9
+    v3 = uniform_problem(p=3, m=6, t_f=1.0, t_b=1.0, t_w=0.6, m_b=1.0, m_w=0.4, t_comm=0.05,
+                         cap=3.0, placement="v", v=2)  # fmt: skip
+    assert turn_makespan(v3) == pytest.approx(16.9)
 
 
 def test_littles_law_closed_form() -> None:
@@ -65,8 +94,23 @@ def test_memory_terms_raise_the_bound_only_when_the_cap_binds() -> None:
         # W worth far more than its memory: a schedule defers W to the cool-down.
         uniform_problem(p=2, m=5, t_f=1.0, t_b=1.0, t_w=3.0, m_w=0.1, cap=1.3),
         uniform_problem(p=3, m=5, t_f=1.0, t_b=0.5, t_w=2.0, m_w=0.2, cap=2.2),
+        uniform_problem(
+            p=3,
+            m=2,
+            t_f=0.5,
+            t_b=1.0,
+            t_w=1.0,
+            m_w=0.2,
+            cap=2.0,
+            placement="v",
+            v=2,
+            split_backward=False,
+        ),  # fmt: skip
+        uniform_problem(
+            p=3, m=4, t_f=1.0, t_b=1.0, t_w=0.6, m_w=0.4, t_comm=0.05, cap=2.0, placement="v", v=2
+        ),  # fmt: skip
     ],
-    ids=["unit", "uneven", "v", "three", "deferred-w", "deferred-w-3"],
+    ids=["unit", "uneven", "v", "three", "deferred-w", "deferred-w-3", "v-fused", "v-tight"],
 )
 def test_bound_never_above_a_proved_optimum(
     problem: Problem, monkeypatch: pytest.MonkeyPatch
@@ -79,6 +123,7 @@ def test_bound_never_above_a_proved_optimum(
     assert lower_bound(problem) <= result.objective + 1e-9
     assert memory_makespan(problem) <= result.objective + 1e-9
     assert memory_area(problem) <= result.objective + 1e-9
+    assert turn_makespan(problem) <= result.objective + 1e-9
 
 
 def test_optimal_only_at_zero_gap() -> None:

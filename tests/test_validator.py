@@ -367,6 +367,18 @@ def test_recompute_not_allowed() -> None:
     assert (v.op, v.device, v.amount) == (OpKey(R, 1, 0), 1, 0.75)
 
 
+def test_split_backward_not_allowed() -> None:
+    """A problem with a fused backward takes no B/W schedule (a rule schedule made one, and
+    the solve reported it optimal under a bound above its makespan)."""
+    from pp_opt.orders import baseline
+
+    problem = uniform_problem(p=2, m=3, t_w=0.5, m_w=0.2, cap=4.0)
+    schedule = baseline("zb-h1", problem)
+    found = validate(replace(schedule, problem=problem.replace(split_backward=False)))
+    v = only(found, "split_disabled")
+    assert (v.op, v.amount) == (OpKey(OpKind.B, 0, 0), 2 * 2 * 3)
+
+
 def test_offload_and_recompute_together() -> None:
     problem = offload_problem(recompute=True)
     order = gpipe_order(problem, offload=True, recompute=frozenset({(0, 0)}))

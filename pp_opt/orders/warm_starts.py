@@ -177,7 +177,11 @@ def _keep_schedule(
     problem: Problem,
     name: str,
 ) -> None:
-    """Keep a timed warm start (as ``name``) when it fits the caps."""
+    """Keep a timed warm start (as ``name``) when it fits the caps and uses only ops the
+    problem allows (a rule schedule splits its backward whatever the problem says)."""
+    if schedule.variant.split_backward and not problem.split_backward:
+        log.debug("warm start %s splits a fused backward", name)
+        return
     if not fits(problem, schedule):
         log.debug("warm start %s is over the caps", name)
         return

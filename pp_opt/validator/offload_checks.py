@@ -24,7 +24,8 @@ def _violation(ctx: Context, rule: str, key: OpKey, message: str, amount: float)
 
 
 def _check_switches(ctx: Context) -> list[Violation]:
-    """Offload ops only when ``problem.offload``, R only when ``problem.recompute``."""
+    """Offload ops only when ``problem.offload``, R only when ``problem.recompute``, B and W
+    only when ``problem.split_backward`` (a fused ``BW`` is allowed either way)."""
     found = []
     for key, op in ctx.first.items():
         stage = ctx.problem.stages[key.stage]
@@ -37,6 +38,11 @@ def _check_switches(ctx: Context) -> list[Violation]:
             found.append(
                 _violation(ctx, "recompute_disabled", key, message, stage.m_b - stage.m_in)
             )
+    split = [key for key in ctx.first if key.kind in (OpKind.B, OpKind.W)]
+    if split and not ctx.problem.split_backward:
+        message = ("the problem's backward is fused (split_backward = false); set "
+                   "split_backward = true or run fused BW ops")  # fmt: skip
+        found.append(_violation(ctx, "split_disabled", min(split), message, float(len(split))))
     return found
 
 

@@ -28,6 +28,7 @@ RULES: dict[str, str] = {
     "offload_pairing": "OFFLOAD and RELOAD of one activation are not a pair of equal fraction",
     "offload_disabled": "OFFLOAD/RELOAD ops in a problem that does not allow offload",
     "recompute_disabled": "R ops in a problem that does not allow recompute",
+    "split_disabled": "B and W ops in a problem whose backward is fused (split_backward off)",
     "offload_and_recompute": "one activation is both offloaded and recomputed",
     "offload_window": "an OFFLOAD outside the window from its F's end to its backward's start",
     "runtime_order": "the last stage's forwards are not in microbatch order, which PyTorch's "

@@ -58,7 +58,10 @@ def _solve(
                                  seconds=time.perf_counter() - started, ops=warm.ops)  # fmt: skip
     report = guarded(options.progress, search)
     ordered: Found | None = None
-    if problem.offload and options.alternatives and warm is not None:
+    # Where the greedy copies are weakest: shared host links, placements beyond ``loop``
+    # (on ``loop`` without links they keep within a few percent; the time is the model's).
+    weak_copies = bool(problem.host_links) or problem.placement != "loop"
+    if problem.offload and weak_copies and options.alternatives and warm is not None:
         ordered = _fixed_orders(problem, dag, options, search, report, started)
         if ordered is not None and ordered[3] is not None:  # the full model starts from it
             options = replace(options, warm_start=as_schedule(problem, ordered[3], warm.variant))
@@ -114,7 +117,7 @@ def _solve(
     )
 
 
-FIXED_ORDER_SHARE = 0.5
+FIXED_ORDER_SHARE = 0.3
 """Share of the time an offload solve with other warm starts spends re-placing their copies
 with their compute orders fixed (:mod:`.fixed_order`) before the full model."""
 
