@@ -129,3 +129,16 @@ def test_an_offload_solve_with_other_orders_is_valid_and_no_worse() -> None:
     assert result.objective <= result.warm_start.objective + 1e-9
     copies = [op for op in result.schedule.ops if op.stream is not Stream.COMPUTE]
     assert copies, "cap 2 needs copies on this instance"
+
+
+def test_checked_timing_keeps_valid_solver_times_on_shared_links() -> None:
+    from pp_opt.simulator import retime
+    from pp_opt.solvers.timing import checked_timing
+
+    problem = _v_offload(2.0)
+    greedy = with_link_offloads(problem, baseline("v-half", raised(problem)[-1]))
+    assert greedy is not None
+    kept = checked_timing(greedy)
+    assert not validate(kept)
+    assert kept.metrics.makespan <= retime(greedy).metrics.makespan + 1e-9
+    assert kept.metrics.makespan <= greedy.metrics.makespan + 1e-9

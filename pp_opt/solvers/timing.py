@@ -26,16 +26,13 @@ def checked_timing(raw: Schedule, *, solver: SolverInfo | None = None) -> Schedu
     Raises the re-timed schedule's :class:`~pp_opt.errors.PPOptError` (a validation
     error, or the simulator's) when neither is valid.
     """
-    error: PPOptError | None = None
     try:
-        timed: Schedule | None = check_schedule(retime(raw, solver=solver))
-    except PPOptError as err:
-        timed, error = None, err
-    if raw.problem.host_links:
-        value = raw.objective_value()
-        if (timed is None or value < timed.objective_value() - 1e-9) and not validate(raw):
+        timed = check_schedule(retime(raw, solver=solver))
+    except PPOptError:
+        if raw.problem.host_links and not validate(raw):
             return raw
-    if timed is None:
-        assert error is not None
-        raise error
+        raise
+    faster = raw.objective_value() < timed.objective_value() - 1e-9
+    if raw.problem.host_links and faster and not validate(raw):
+        return raw
     return timed

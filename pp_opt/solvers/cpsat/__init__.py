@@ -17,7 +17,7 @@ from ortools.sat.python import cp_model
 
 from pp_opt.bounds import lower_bound
 from pp_opt.problem import Problem
-from pp_opt.schedule import ScheduledOp, Status
+from pp_opt.schedule import Schedule, ScheduledOp, Status
 from pp_opt.solvers.base import BackendResult, OutOfTime, Progress, ProgressCallback, SolveOptions
 from pp_opt.solvers.cpsat.fixed_order import as_schedule, fixed_order_model, promising
 from pp_opt.solvers.cpsat.model import CpsatModel, build_model
@@ -62,7 +62,7 @@ def _solve(
     # (on ``loop`` without links they keep within a few percent; the time is the model's).
     weak_copies = bool(problem.host_links) or problem.placement != "loop"
     if problem.offload and weak_copies and options.alternatives and warm is not None:
-        ordered = _fixed_orders(problem, dag, options, search, report, started)
+        ordered = _fixed_orders(problem, dag, options, warm, search, report, started)
         if ordered is not None and ordered[3] is not None:  # the full model starts from it
             options = replace(options, warm_start=as_schedule(problem, ordered[3], warm.variant))
     try:
@@ -126,15 +126,15 @@ def _fixed_orders(
     problem: Problem,
     dag: nx.DiGraph,
     options: SolveOptions,
+    warm: Schedule,
     search: Search,
     report: ProgressCallback | None,
     started: float,
 ) -> Found | None:
     """The best schedule of the fixed-order models of the most promising warm starts
     (:func:`.fixed_order.promising`); the fastest order gets half of the time."""
-    assert options.warm_start is not None
     until = started + FIXED_ORDER_SHARE * options.time_limit
-    tried = promising(problem, [options.warm_start, *options.alternatives])
+    tried = promising(problem, [warm, *options.alternatives])
     bound = lower_bound(problem, options.objective, offload_fractions=options.offload_fractions)
     best: Found | None = None
     for n, schedule in enumerate(tried):
