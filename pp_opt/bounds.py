@@ -343,13 +343,8 @@ def memory_makespan(problem: Problem, fractions: Sequence[float] = (1.0,)) -> fl
 
 
 def _backward_start(problem: Problem, stage: int) -> float:
-    """Earliest start of a backward of ``stage``: every forward, then the backwards above."""
-    last = problem.num_stages - 1
-    back = OpKind.B if problem.split_backward else OpKind.BW
-    start = _fill(problem, last) + duration(problem, OpKind.F, last)
-    for s in range(stage + 1, last + 1):
-        start += duration(problem, back, s) + _hop(problem, s, s - 1)
-    return start
+    """Earliest start of a backward of ``stage``: its forward chain, then the round trip."""
+    return _fill(problem, stage) + duration(problem, OpKind.F, stage) + round_trip(problem, stage)
 
 
 def turn_makespan(problem: Problem) -> float:

@@ -9,7 +9,7 @@ Edges carry ``latency``: ``t_comm`` between devices, 0 on one device.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 
 import networkx as nx
@@ -160,6 +160,24 @@ def op_count(problem: Problem, variant: Variant | None = None) -> int:
     variant = variant or Variant.of_problem(problem)
     kinds = 2 + variant.split_backward + 2 * variant.offload + variant.recompute
     return problem.num_stages * problem.m * kinds
+
+
+def longest_paths(
+    dag: nx.DiGraph, size: Mapping[OpKey, int], latency: Mapping[tuple[OpKey, OpKey], int]
+) -> tuple[dict[OpKey, int], dict[OpKey, int]]:
+    """``(head, tail)`` of each op in ``size``: its longest path from the sources (the
+    earliest start of any schedule) and to the sinks (after its end), through the ops in
+    ``size`` only, with their sizes and the edges' ``latency``."""
+    order = [k for k in nx.topological_sort(dag) if k in size]
+    head: dict[OpKey, int] = {}
+    for k in order:
+        head[k] = max((head[u] + size[u] + latency[(u, k)]
+                       for u in dag.predecessors(k) if u in head), default=0)  # fmt: skip
+    tail: dict[OpKey, int] = {}
+    for k in reversed(order):
+        tail[k] = max((latency[(k, w)] + size[w] + tail[w]
+                       for w in dag.successors(k) if w in tail), default=0)  # fmt: skip
+    return head, tail
 
 
 def required_ops(dag: nx.DiGraph) -> list[OpKey]:

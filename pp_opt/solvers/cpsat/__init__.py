@@ -91,11 +91,11 @@ def _solve(
         until=started + share * options.time_limit,
         interleave=options.threads > 1,
     )
+    if ordered is not None and (first is None or first[3] is None or ordered[1] < first[1]):
+        first = (Status.FEASIBLE, ordered[1], None, ordered[3])  # its bound holds for its order
     if first is None:
         return BackendResult(status=Status.TIMEOUT, objective=None, bound=None,
                              seconds=time.perf_counter() - started, ops=None)  # fmt: skip
-    if ordered is not None and (first is None or first[3] is None or ordered[1] < first[1]):
-        first = (Status.FEASIBLE, ordered[1], None, ordered[3])  # its bound holds for its order
     status, objective, bound, ops = first
     if status == "infeasible" or ops is None:
         return BackendResult(status=status, objective=None, bound=None,
@@ -255,9 +255,8 @@ def _prove(
         log.info("cpsat: the incumbent %d is optimal (nothing better exists)", value)
         return Status.OPTIMAL, value, value, ops
     better_status, better, better_bound, better_ops = found
-    merged = max(b for b in (bound, better_bound) if b is not None) if (
-        bound is not None or better_bound is not None) else None  # fmt: skip
-    return better_status, better, merged, better_ops
+    known = [b for b in (bound, better_bound) if b is not None]
+    return better_status, better, max(known, default=None), better_ops
 
 
 HINT_CHECK_SHARE = 0.1

@@ -9,7 +9,8 @@ import networkx as nx
 from ortools.sat.python import cp_model
 
 from pp_opt.bounds import lower_bound
-from pp_opt.ops import OpKey, OpKind
+from pp_opt.dag import longest_paths
+from pp_opt.ops import OpKind
 from pp_opt.solvers.cpsat.variables import OpVar, Variables
 
 
@@ -74,18 +75,9 @@ def add_heads_and_tails(
     tight-memory problems is made of (one device's order decides, the others add paths).
     """
     required = {k: op for k, op in v.ops.items() if op.present is None}
-    order = [k for k in nx.topological_sort(dag) if k in required]
     lat = {(a, b): v.scaling.t(x) for a, b, x in dag.edges(data="latency")}
-    head: dict[OpKey, int] = {}
-    for k in order:
-        head[k] = max((head[u] + required[u].size + lat[(u, k)]
-                       for u in dag.predecessors(k) if u in head), default=0)  # fmt: skip
-    tail: dict[OpKey, int] = {}
-    for k in reversed(order):
-        tail[k] = max((lat[(k, w)] + required[w].size + tail[w]
-                       for w in dag.successors(k) if w in tail), default=0)  # fmt: skip
-    for k in order:
-        op = required[k]
+    head, tail = longest_paths(dag, {k: op.size for k, op in required.items()}, lat)
+    for k, op in required.items():
         if head[k] > 0:
             model.add(op.start >= head[k])
         model.add(obj >= op.end + tail[k])

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import networkx as nx
 from ortools.sat.python import cp_model, cp_model_helper
 
-from pp_opt.dag import dag_for
+from pp_opt.dag import dag_for, longest_paths
 from pp_opt.ops import OpKey, OpKind, Stream, duration, memory_delta
 from pp_opt.order import Variant
 from pp_opt.problem import Problem
@@ -197,12 +197,7 @@ def _solve_device(
     dur = {k: _down(duration(problem, k.kind, k.stage), scale) for k in dag.nodes}
     lat = {(u, w): _down(x, scale) for u, w, x in dag.edges(data="latency")}
     order = list(nx.topological_sort(dag))
-    head: dict[OpKey, int] = {}
-    for k in order:
-        head[k] = max((head[u] + dur[u] + lat[(u, k)] for u in dag.predecessors(k)), default=0)
-    tail: dict[OpKey, int] = {}
-    for k in reversed(order):
-        tail[k] = max((lat[(k, w)] + dur[w] + tail[w] for w in dag.successors(k)), default=0)
+    head, tail = longest_paths(dag, dur, lat)
     own = dag.nodes
     mine = [k for k in order if own[k]["device"] in devices and own[k]["stream"] is Stream.COMPUTE]
     lags = _lags(dag, order, mine, dur, lat)
