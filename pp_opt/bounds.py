@@ -13,6 +13,7 @@ optional ones (offload copies and recomputation can only add work).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 from pp_opt.arguments import check_problem_and_fractions
@@ -63,7 +64,8 @@ def lower_bound(
     ``loop(s)`` through the stages above ``s`` (their forwards and backwards and
     the device changes). The fill before the first op does not count in a span.
 
-    The memory caps add the terms of :func:`memory_makespan` and :func:`memory_area`. A
+    The memory caps add the terms of :func:`memory_makespan`, :func:`memory_area`,
+    :func:`turn_makespan` and :func:`memory_envelope`. A
     problem with a split backward is bounded for both variants (a schedule may fuse its
     backward, and a fused backward may cost less than ``t_b + t_w``); the smaller holds.
 
@@ -101,7 +103,7 @@ def _variant_bound(problem: Problem, objective: str, fractions: tuple[float, ...
     if objective == "makespan":
         values = [term(problem) for term in MAKESPAN_TERMS]
         values += [memory_makespan(problem, fractions), memory_area(problem, fractions)]
-        values.append(turn_makespan(problem))
+        values += [turn_makespan(problem), memory_envelope(problem)]
     else:
         values = [term(problem) for term in SPAN_TERMS]
     return max(values)
@@ -505,3 +507,128 @@ def memory_area(problem: Problem, fractions: Sequence[float] = (1.0,)) -> float:
         mid = (low + high) / 2
         low, high = (low, mid) if fits(mid) else (mid, high)
     return low
+
+
+ENVELOPE_STEPS = 512
+"""Steps of the filling staircase integrated one by one; past them (a device that fills
+with thousands of small activations) the line through the staircase's corners stands in."""
+
+
+def memory_envelope(problem: Problem) -> float:
+    """Little's law (:func:`memory_area`) with the memory a device cannot hold while it fills
+    and while it empties, without offload and recompute.
+
+    Over ``[0, T]`` device ``d`` holds ``mem(t) <= room`` of activations, and every kept
+    activation holds at least :func:`_activation_area` of memory-time, so ``m * sum of the
+    areas <= integral of mem``. Two more ceilings hold at every ``t``:
+
+    - Filling: memory is allocated only when a forward starts, and nothing on ``d`` starts
+      before ``fill(s0)``; forwards run one at a time, each at least the smallest ``t_f``
+      of ``d``'s stages, so by ``t`` at most ``1 + (t - fill) / t_f_min`` have started,
+      each allocating at most the largest ``m_b``: ``mem(t) <= h(t)``.
+    - Emptying: what is held at ``t`` is freed by ``d``'s ``B``/``W`` (or ``BW``) ops that
+      end in ``(t, T]``. They run one at a time; at most one started before ``t`` (it frees
+      at most ``a_max``, the most one such op frees), the rest lie inside ``[t, T]``. Among those,
+      every ``B`` has its ``W`` (which follows it) too, so they split into whole
+      activations (``m_b`` in ``t_b + t_w``, or ``BW``) and lone ``W`` (``m_w`` in
+      ``t_w``): they free at most ``r_max`` per unit of time, the better of the two rates,
+      and ``mem(t) <= a_max + r_max (T - t)``.
+
+    So ``m * sum of the areas <= integral over [0, T] of min(room, h(t), a_max + r_max (T -
+    t))`` (:func:`_envelope_integral`), whose right side grows with ``T``: the smallest
+    ``T`` that satisfies it, found by bisection, bounds the makespan.
+    """
+    if problem.offload or problem.recompute:
+        return 0.0
+    return max(_device_envelope(problem, device) for device in range(problem.p))
+
+
+def _device_envelope(problem: Problem, device: int) -> float:
+    stages = problem.stages_on(device)
+    room = problem.devices[device].cap - problem.devices[device].static
+    need = problem.m * sum(_activation_area(problem, s) for s in stages)
+    if room <= 0 or need <= 0:
+        return 0.0
+    start = _fill(problem, min(stages))
+    t_f = min(duration(problem, OpKind.F, s) for s in stages)
+    m_b = max(problem.stages[s].m_b for s in stages)
+    # (memory freed, time it takes): a whole activation (B then its W, or BW), a lone W.
+    frees: list[tuple[float, float]] = []
+    for s in stages:
+        st = problem.stages[s]
+        if problem.split_backward:
+            frees += [(st.m_b, st.t_b + st.t_w), (st.m_w, st.t_w)]
+        else:
+            frees.append((st.m_b, duration(problem, OpKind.BW, s)))
+    frees = [(a, t) for a, t in frees if a > 0]
+    if t_f <= 0 or m_b <= 0 or not frees or any(t <= 0 for _, t in frees):
+        return need / room
+    one = [max(st.m_b - st.m_w, st.m_w) if problem.split_backward else st.m_b
+           for st in (problem.stages[s] for s in stages)]  # fmt: skip
+    a_max = max(one)
+    r_max = max(a / t for a, t in frees)
+
+    def held(horizon: float) -> float:
+        return _envelope_integral(horizon, room=room, start=start, t_f=t_f, m_b=m_b,
+                                  a_max=a_max, r_max=r_max)  # fmt: skip
+
+    low = need / room
+    high = low + start + (room / m_b + 1.0) * t_f + room / r_max + 1.0
+    for _ in range(64):  # not needed: the ceilings take at most those times
+        if held(high) >= need:
+            break
+        high *= 2.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if held(mid) < need else (low, mid)
+    return low
+
+
+def _envelope_integral(
+    horizon: float, *, room: float, start: float, t_f: float, m_b: float, a_max: float,
+    r_max: float,
+) -> float:  # fmt: skip
+    """``integral over [0, horizon] of min(room, h(t), a_max + r_max (horizon - t))``, with
+    ``h = 0`` before ``start`` and ``m_b (1 + k)`` on ``[start + k t_f, start + (k+1) t_f)``,
+    exactly: piece by piece of ``h``, each ``min(c, linear)`` integrated in closed form."""
+
+    def piece(a: float, b: float, c: float) -> float:
+        # On [a, b): min(c, e(t)) with e(t) = a_max + r_max (horizon - t), decreasing;
+        # e(t) >= c for t <= knee.
+        a, b = max(a, 0.0), min(b, horizon)
+        if b <= a or c <= 0:
+            return 0.0
+        knee = horizon - (c - a_max) / r_max
+        flat = max(0.0, min(b, knee) - a) * c
+        lo = max(a, knee)
+        if b <= lo:
+            return flat
+        e_lo, e_hi = a_max + r_max * (horizon - lo), a_max + r_max * (horizon - b)
+        return flat + (b - lo) * (e_lo + e_hi) / 2
+
+    total = 0.0
+    for k in range(ENVELOPE_STEPS):
+        a = start + k * t_f
+        if a >= horizon:
+            return total
+        c = m_b * (1 + k)
+        if c >= room:
+            return total + piece(a, horizon, room)
+        total += piece(a, a + t_f, c)
+    # Many steps below the room (a small m_b): above the staircase lies the line through
+    # its corners, h(t) <= m_b (1 + (t - start) / t_f); integrate min(room, line, e) over
+    # the rest exactly, between the points where any two of them cross.
+    a = start + ENVELOPE_STEPS * t_f
+    if a >= horizon:
+        return total
+
+    def ceiling(t: float) -> float:
+        line = m_b * (1.0 + (t - start) / t_f)
+        return min(room, line, a_max + r_max * (horizon - t))
+
+    slope = m_b / t_f
+    cuts = {a, horizon, start + (room / m_b - 1.0) * t_f, horizon - (room - a_max) / r_max,
+            (a_max + r_max * horizon - m_b + slope * start) / (slope + r_max)}  # fmt: skip
+    points = sorted(t for t in cuts if a <= t <= horizon)
+    return total + sum((hi - lo) * (ceiling(lo) + ceiling(hi)) / 2
+                       for lo, hi in itertools.pairwise(points))  # fmt: skip

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from pp_opt.bounds import lower_bound, memory_area, memory_makespan, turn_makespan
+from pp_opt.bounds import (
+    lower_bound,
+    memory_area,
+    memory_envelope,
+    memory_makespan,
+    turn_makespan,
+)
 from pp_opt.problem import Problem, uniform_problem
+from pp_opt.problem_io import load_problem, resplit
 from pp_opt.solvers import solve
 
 
@@ -63,6 +71,48 @@ def test_littles_law_closed_form() -> None:
     # Device 0 holds each activation for at least 1 + 2 + 1: 4 microbatches need an area of
     # 16 under a room of 1.
     assert memory_area(_tight()) == pytest.approx(16.0)
+
+
+def test_memory_envelope_closed_form() -> None:
+    # One device, m = 4, unit F and B, no W: each activation holds m_b = 1 for F + B = 2,
+    # area 8 in a room of 2. Filling: 1 by t = 0, 2 from t = 1. Emptying: one B ends in
+    # (t, T] per unit of time, plus the one running at t: mem(t) <= 1 + (T - t). The
+    # envelope min(2, h, e) is 1 on [0, 1), 2 on [1, T - 1), then 1 + (T - t): its
+    # integral 1 + 2 (T - 2) + 1.5 = 8 at T = 4.75. Little's law alone gives 4.
+    problem = uniform_problem(p=1, m=4, t_f=1.0, t_b=1.0, t_w=0.0, m_b=1.0, m_w=0.0, cap=2.0,
+                              split_backward=False)  # fmt: skip
+    assert memory_area(problem) == pytest.approx(4.0)
+    assert memory_envelope(problem) == pytest.approx(4.75, rel=1e-9)
+    # The device does 8 of work, so the bound is below the load here; a schedule meets 8.
+    assert lower_bound(problem) == pytest.approx(8.0)
+    # With offload the copies change the ceilings: the term steps aside.
+    assert memory_envelope(problem.replace(offload=True)) == 0.0
+
+
+def test_memory_envelope_past_its_steps_is_a_weaker_ceiling(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Past ENVELOPE_STEPS the staircase gives way to the line through its corners: a
+    # ceiling above it, so the bound can only drop, and only a little.
+    problem = uniform_problem(p=4, m=16, t_f=1.0, t_b=1.0, t_w=0.5, m_b=1.0, m_w=0.3,
+                              t_comm=0.5, cap=12.0)  # fmt: skip
+    exact = memory_envelope(problem)
+    monkeypatch.setattr("pp_opt.bounds.ENVELOPE_STEPS", 2)
+    lined = memory_envelope(problem)
+    assert exact - 1.0 <= lined <= exact + 1e-9
+    assert lined < exact
+
+
+def test_memory_envelope_raises_the_tight_v_rows() -> None:
+    """bench_solvers.py --parts tight: on 28.3B V-Min (cap 12) the envelope is the bound,
+    above the turn bound (3160.73) and Little's law alone."""
+    base = load_problem(Path(__file__).resolve().parent.parent / "examples" / "zb-28.3b.toml")
+    problem = resplit(base, "v", 2).replace(objective="makespan")
+    problem = problem.replace(devices=tuple(replace(d, cap=12.0) for d in problem.devices))
+    assert memory_envelope(problem) == pytest.approx(3229.30, abs=0.01)
+    assert lower_bound(problem) == pytest.approx(3229.30, abs=0.01)
+    assert turn_makespan(problem) < 3229.30 - 50
+    assert memory_area(problem) < 3229.30 - 50
 
 
 def test_offload_bandwidth_closed_form() -> None:
@@ -124,6 +174,7 @@ def test_bound_never_above_a_proved_optimum(
     assert memory_makespan(problem) <= result.objective + 1e-9
     assert memory_area(problem) <= result.objective + 1e-9
     assert turn_makespan(problem) <= result.objective + 1e-9
+    assert memory_envelope(problem) <= result.objective + 1e-9
 
 
 def test_optimal_only_at_zero_gap() -> None:
