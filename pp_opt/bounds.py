@@ -374,11 +374,25 @@ def turn_makespan(problem: Problem) -> float:
     ``makespan >= fill(s0) + idle_first + (total - x) + max(L, x)`` for the work ``x``
     left at ``f``, which is smallest at ``x = X``: ``idle_last = max(0, L - X)``.
     """
+    return max(_turn_by_device(problem), default=0.0)
+
+
+def device_bounds(problem: Problem) -> list[float]:
+    """Per device, the larger of its turn (:func:`turn_makespan`) and envelope
+    (:func:`memory_envelope`) bounds: which devices memory binds most (0 where neither
+    applies)."""
     if problem.offload or problem.recompute:
-        return 0.0
+        return [0.0] * problem.p
+    turn = _turn_by_device(problem)
+    return [max(turn[d], _device_envelope(problem, d)) for d in range(problem.p)]
+
+
+def _turn_by_device(problem: Problem) -> list[float]:
+    if problem.offload or problem.recompute:
+        return [0.0] * problem.p
     split = problem.split_backward
     back = OpKind.B if split else OpKind.BW
-    best = 0.0
+    values = []
     for device in range(problem.p):
         stages = problem.stages_on(device)
         s0, s1 = min(stages), max(stages)
@@ -405,8 +419,8 @@ def turn_makespan(problem: Problem) -> float:
             take = float(problem.m) if memory <= 0 else min(float(problem.m), free / memory)
             left += take * work
             free -= take * memory
-        best = max(best, _fill(problem, s0) + idle_first + total + max(0.0, tail - left))
-    return best
+        values.append(_fill(problem, s0) + idle_first + total + max(0.0, tail - left))
+    return values
 
 
 def _work_left(

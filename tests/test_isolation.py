@@ -32,7 +32,11 @@ def _cli(
 
 @pytest.mark.parametrize(
     ("fault", "backend", "how"),
-    [("backend:abort", "cpsat", "SIGABRT"), ("search:kill", "search", "SIGKILL")],
+    [
+        ("backend:abort", "cpsat", "SIGABRT"),
+        ("search:kill", "search", "SIGKILL"),
+        ("fluid:abort", "fluid bound", "SIGABRT"),
+    ],
 )
 def test_a_crashing_backend_still_writes_a_valid_schedule(
     tmp_path: Path, fault: str, backend: str, how: str
@@ -43,7 +47,11 @@ def test_a_crashing_backend_still_writes_a_valid_schedule(
     problem = tmp_path / "p.toml"
     text = Path(SMALL).read_text().replace("m = 8 ", "m = 60 ").replace("cap = 8.0", "cap = 3.0")
     problem.write_text(text)
-    done = _cli("solve", str(problem), "--time-limit", "4", "-q", "-o", str(out),
+    # The fluid bound runs for makespan only (60 microbatches: 180 ops on each device), and
+    # from FLUID_MIN_SECONDS (a tenth of the limit).
+    extra = ("--objective", "makespan", "--time-limit", "6") if fault.startswith("fluid") else (
+        "--time-limit", "4")  # fmt: skip
+    done = _cli("solve", str(problem), "-q", "-o", str(out), *extra,
                 env={FAULT_ENV: fault})  # fmt: skip
     assert done.returncode == exit_codes.BACKEND_FAILED, done.stderr
     assert "Traceback" not in done.stderr

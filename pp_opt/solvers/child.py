@@ -82,7 +82,8 @@ def main() -> None:
     with relayed_signals():
         while True:
             _, kind, *args = jobs.get()
-            *payload, seconds, level = args
+            *payload, (limit, sent_at), level = args
+            seconds = max(0.0, limit - max(0.0, time.time() - sent_at))
             root.setLevel(level)
             try:
                 _fault(kind)
@@ -118,6 +119,12 @@ def _run(kind: str, payload: list[Any], seconds: float, channel: _Channel) -> An
 
             options.progress = progress
         return _backend(solver)(problem, dag, options)
+    if kind == "fluid":
+        from pp_opt.solvers.fluid import fluid_bound
+
+        problem, lower, upper = payload
+        return fluid_bound(problem, lower=lower, upper=upper,
+                           deadline=time.perf_counter() + seconds)  # fmt: skip
     from pp_opt.solvers.interrupt import running_search
     from pp_opt.solvers.lns import SearchStats, improve
 

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import TYPE_CHECKING
 
 import networkx as nx
 
@@ -29,10 +30,13 @@ from pp_opt.runtime_rules import in_runtime_order
 from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo, Status
 from pp_opt.simulator import retime
 from pp_opt.solvers.base import BackendResult, Progress, ProgressCallback, SolveOptions
-from pp_opt.solvers.isolation import improve_isolated, isolated, run_isolated
+from pp_opt.solvers.isolation import fluid_isolated, improve_isolated, isolated, run_isolated
 from pp_opt.solvers.result import SolveResult, WarmStart
 from pp_opt.solvers.timing import checked_timing
 from pp_opt.validator import ValidationError, check_schedule
+
+if TYPE_CHECKING:
+    from pp_opt.solvers.fluid import FluidBound
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +67,16 @@ SEARCH_START_SECONDS_PER_OP = 2e-5
 """The search starts only with at least this many seconds per op left: shipping the
 schedule to its child process and cutting its first window take about that long (a
 schedule of 120,000 ops needs 2.4 s), so a shorter remainder would overrun the limit."""
+
+FLUID_SHARE = 0.1
+"""Share of the time limit the fluid bound (:mod:`pp_opt.solvers.fluid`) may use, after the
+warm starts and before the backend, where it applies (makespan, no offload or recompute,
+more than :data:`~pp_opt.solvers.fluid.FLUID_MIN_DEVICE_OPS` ops on a device). On the
+tight ``v`` rows of ``bench_solvers.py --parts tight`` (60 s) its 7 s raise the bound by
+5-14% (1302.37 -> 1366.47 on 1.5B V-Min, 3229.30 -> 3501.47 on 28.3B V-Min)."""
+
+FLUID_MIN_SECONDS = 0.5
+"""Below this the fluid bound is not tried: one of its linear programs takes about that."""
 
 Backend = Callable[[Problem, nx.DiGraph, SolveOptions], BackendResult]
 
@@ -132,13 +146,18 @@ def solve(
     # CP-SAT solves get a large-neighbourhood search after the full model (or instead of
     # it, when the model is too large to search well): it improves a valid schedule.
     search = solver == "cpsat" and warm is not None
+    bound = lower_bound(problem, options.objective, offload_fractions=fractions)
+    fluid = _fluid(problem, options, warm[1] if warm else None, bound, time_limit, end)
+    if fluid is not None:
+        bound = max(bound, fluid.value)
     ops = op_count(problem)  # the DAG is built only when the backend needs it
     full = not (search and ops > FULL_MODEL_OPS)
+    if fluid is not None and warm is not None and _proved(_value(warm[1]), bound):
+        full = False  # the fluid bound proves the warm start optimal
     share = FULL_MODEL_SHARE if search and ops > FULL_MODEL_ALONE_OPS else 1.0
     result = _run_backend(solver, problem, dag_for(problem), options, end,
                           share=share) if full else _skipped()  # fmt: skip
     found = _checked(problem, result, solver)
-    bound = lower_bound(problem, options.objective, offload_fractions=fractions)
     if result.bound is not None:
         bound = max(bound, result.bound)
     chosen = found
@@ -182,6 +201,13 @@ def solve(
     )
     if windows:
         info.extra["search"] = {"windows": windows, "improvements": improvements}
+    if fluid is not None:
+        info.extra["fluid_bound"] = {
+            "value": fluid.value,
+            "device": fluid.device,
+            "programs": fluid.programs,
+            "seconds": fluid.seconds,
+        }
     schedule = Schedule(problem=chosen.problem, ops=chosen.ops, solver=info,
                         metrics=chosen.metrics, variant=chosen.variant)  # fmt: skip
     return SolveResult(schedule=schedule, warm_start=warm_info)
@@ -295,6 +321,28 @@ ALTERNATIVES = 8
 def _proved(value: float, bound: float) -> bool:
     """Optimal means the gap to the bound is zero for the problem as given."""
     return value <= bound + 1e-9 * max(1.0, abs(value))
+
+
+def _fluid(
+    problem: Problem,
+    options: SolveOptions,
+    warm: Schedule | None,
+    bound: float,
+    time_limit: float,
+    end: float,
+) -> FluidBound | None:
+    """The fluid bound (:mod:`pp_opt.solvers.fluid`) within :data:`FLUID_SHARE` of the time
+    limit, where it applies and a warm start gives its upper end; None where it found
+    nothing above ``bound``."""
+    from pp_opt.solvers.fluid import applies
+
+    if warm is None or not applies(problem, options.objective) or _stopped(options):
+        return None
+    upper = _value(warm)
+    seconds = min(FLUID_SHARE * time_limit, end - time.perf_counter())
+    if _proved(upper, bound) or seconds < FLUID_MIN_SECONDS:
+        return None
+    return fluid_isolated(problem, lower=bound, upper=upper, seconds=seconds)
 
 
 def _skipped() -> BackendResult:

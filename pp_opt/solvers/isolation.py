@@ -4,9 +4,10 @@ OR-Tools, CBC and HiGHS are native code: an abort (``Check failed: ...``), a seg
 out-of-memory kill inside them would take the whole process down with the schedules found
 so far. :func:`isolated` (on :func:`pp_opt.solvers.solve`) gives each solve one child
 process, started as the solve begins (it imports the solver while the warm starts are
-computed) and reused by every phase of that solve; :func:`run_backend` and
-:func:`improve` send it one job each. The child reports progress, log records and the
-search's incumbents back through a pipe; the progress callback runs here, in the parent.
+computed) and reused by every phase of that solve; :func:`run_isolated`,
+:func:`improve_isolated` and :func:`fluid_isolated` send it one job each. The child reports
+progress, log records and the search's incumbents back through a pipe; the progress
+callback runs here, in the parent.
 
 When the child dies, the job's answer is lost and nothing else: the backend answers
 ``timeout`` with no ops, the search keeps its last reported incumbent, the solve carries on
@@ -19,8 +20,9 @@ failing progress callback) reaches the child through the pipe.
 The child is a plain ``python`` process (not ``multiprocessing``), so a solve works from
 any caller: a script without a ``__main__`` guard, a ``ProcessPoolExecutor`` worker, a Ray
 worker. ``PP_OPT_IN_PROCESS=1`` runs everything in the calling process instead (for a
-debugger or a profiler); ``PP_OPT_CHILD_FAULT=<job>:<how>`` (job ``backend`` or
-``search``, how ``abort``, ``kill`` or ``exit``) makes the child fail on purpose, for tests.
+debugger or a profiler); ``PP_OPT_CHILD_FAULT=<job>:<how>`` (job ``backend``, ``search``
+or ``fluid``, how ``abort``, ``kill`` or ``exit``) makes the child fail on purpose, for
+tests.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import networkx as nx
 
@@ -49,6 +51,9 @@ from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule, Status
 from pp_opt.solvers.base import BackendResult, SolveOptions
 from pp_opt.solvers.interrupt import Search
+
+if TYPE_CHECKING:
+    from pp_opt.solvers.fluid import FluidBound
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +196,10 @@ class Session:
         child's. Raises :class:`_ChildDied`."""
         child = self.start()
         search.on_stop(lambda: child.send(("stop", search.reason or "stopped")))
-        child.send(("job", *job, seconds, logging.getLogger("pp_opt").getEffectiveLevel()))
+        # The wall clock of the sending (shared by both processes) lets the child take the
+        # transfer of a large job out of its own time.
+        sent = (seconds, time.time())
+        child.send(("job", *job, sent, logging.getLogger("pp_opt").getEffectiveLevel()))
         try:
             return self._wait(child, name, time.perf_counter() + seconds, on_message)
         except _ChildDied as died:
@@ -309,7 +317,7 @@ def _usable(session: Session | None) -> Session | None:
     return session
 
 
-# --- the two jobs -----------------------------------------------------------------------------
+# --- the three jobs ---------------------------------------------------------------------------
 
 
 def run_isolated(
@@ -383,3 +391,27 @@ def improve_isolated(
     except _ChildDied:
         return SearchOutcome(best=best[0], windows=0, improvements=0)
     return SearchOutcome(best=best[0], windows=windows, improvements=improvements)
+
+
+def fluid_isolated(
+    problem: Problem, *, lower: float, upper: float, seconds: float
+) -> FluidBound | None:
+    """:func:`pp_opt.solvers.fluid.fluid_bound` (HiGHS, native) in the solve's child process
+    (in this one when there is none); a dead child gives no bound."""
+    session = _usable(_session.get())
+    if session is None:
+        from pp_opt.solvers.fluid import fluid_bound
+
+        deadline = time.perf_counter() + seconds
+        return fluid_bound(problem, lower=lower, upper=upper, deadline=deadline)
+    from pp_opt.solvers.interrupt import running_search
+
+    with running_search() as search:
+        try:
+            found: FluidBound | None = session.run(
+                ("fluid", problem, lower, upper), name="fluid bound", seconds=seconds,
+                search=search, on_message=lambda kind, payload: None,
+            )  # fmt: skip
+        except _ChildDied:
+            return None
+    return found
