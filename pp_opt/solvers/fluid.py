@@ -256,6 +256,7 @@ def _infeasible(model: _Device, m: int, horizon: float, buckets: int, until: flo
     highs = _quiet_highs(highspy)
     highs.setOptionValue("threads", 1)
     highs.setOptionValue("solver", "ipm")
+    highs.setOptionValue("run_crossover", "off")  # only feasibility matters: no vertex needed
     highs.setOptionValue("time_limit", max(0.01, until - time.perf_counter()))
     highs.addVars(len(lower), lower, upper)
     row_lower, row_upper, starts, index, value = rows
