@@ -103,3 +103,17 @@ def test_a_solve_reports_it_and_stays_valid() -> None:
     assert fluid["value"] > lower_bound(problem)
     assert schedule.solver.lower_bound >= fluid["value"] - 1e-9
     assert schedule.solver.lower_bound <= result.objective + 1e-9
+
+
+def test_leaves_highs_usable_with_other_thread_counts() -> None:
+    # HiGHS sizes one thread pool per process on first use; the fluid bound (one thread)
+    # resets it, so the MILP backend's HiGHS (two threads) still solves in that process.
+    from pp_opt.dag import dag_for
+    from pp_opt.solvers.base import SolveOptions
+    from pp_opt.solvers.milp import solve_milp
+
+    fluid_bound(_v(3, 6, 2.5), lower=0.0, upper=27.0, deadline=time.perf_counter() + 2)
+    problem = uniform_problem(p=2, m=3).replace(objective="makespan")
+    options = SolveOptions(time_limit=10, objective="makespan", threads=2)
+    result = solve_milp(problem, dag_for(problem), options, backend="highs")
+    assert result.objective == pytest.approx(10.0)

@@ -70,8 +70,9 @@ def candidates(
         Offload fractions allowed; offload warm starts move the largest.
     deadline
         ``time.perf_counter()`` value after which no further generator starts (the
-        running one may finish); None for no limit. Generation goes on past it until
-        one candidate is found.
+        running one may finish; on a problem of :data:`LARGE_OPS` or more, none starts
+        that would end past it if it took as long as the last one); None for no limit.
+        Generation goes on past it until one candidate is found.
     names
         Only these registry entries (all warm-start entries by default).
 
@@ -88,18 +89,23 @@ def candidates(
         for name, entry in REGISTRY.items()
         if entry.warm_start and (names is None or name in names)
     ]
-    if deadline is not None and op_count(problem) >= LARGE_OPS:
+    large = deadline is not None and op_count(problem) >= LARGE_OPS
+    if large:
         entries.sort(key=lambda item: item[0] not in QUICK_FIRST)  # stable: the rest as listed
+    last = 0.0  # on a large problem, the time the last generator took (and its timing)
     for rank, (name, entry) in enumerate(entries):
-        if found and _past(deadline):
+        if found and _past(deadline, ahead=last):
             log.info("warm starts: out of time before %s", name)
             break
         if entry.placements is not None and problem.placement not in entry.placements:
             continue
+        begun = time.perf_counter()
         order = _generate(name, entry, problem, fraction=fraction, deadline=deadline)
         if order is None or not same_placement(order.problem, problem):
             continue
         _keep(found, rank, order, problem, order.name or name)
+        if large:  # the next one would take about as long: start it only if that fits
+            last = time.perf_counter() - begun
     # With offload: orders made without the caps (classic and list schedules) or for
     # somewhat more memory (also the rule schedules of the placement), plus copies.
     # (``loop`` orders take copies well without it: no raised caps there.)
@@ -134,8 +140,9 @@ def candidates(
     return [candidate for _, _, candidate in found]
 
 
-def _past(deadline: float | None) -> bool:
-    return deadline is not None and time.perf_counter() > deadline
+def _past(deadline: float | None, *, ahead: float = 0.0) -> bool:
+    """Whether ``deadline`` has passed, or will have ``ahead`` seconds from now."""
+    return deadline is not None and time.perf_counter() + ahead > deadline
 
 
 def _generate(

@@ -135,6 +135,19 @@ def fluid_bound(
     upward from there; each other one gets one program just above the best bound so far,
     and a bisection only if that program is infeasible. Every value found is a bound.
     """
+    try:
+        return _fluid_bound(problem, lower=lower, upper=upper, deadline=deadline,
+                            buckets=buckets)  # fmt: skip
+    finally:
+        if "highspy" in sys.modules:
+            # HiGHS sizes one thread pool per process on first use (ours: one thread); a
+            # later HiGHS solve there (the MILP backend, another thread count) would fail.
+            sys.modules["highspy"].Highs.resetGlobalScheduler(True)
+
+
+def _fluid_bound(
+    problem: Problem, *, lower: float, upper: float, deadline: float, buckets: int
+) -> FluidBound | None:
     started = time.perf_counter()
     variants = [Variant(problem.split_backward, False, False)]
     if problem.split_backward and any(
