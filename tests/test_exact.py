@@ -131,7 +131,8 @@ def test_the_search_restarts_until_its_deadline(monkeypatch: pytest.MonkeyPatch)
     began = time.perf_counter()
     kept = improve(start, deadline=began + 1.0, window_ops=10, stats=stats)
     assert kept is start and stats.restarts >= 1
-    assert time.perf_counter() - began >= 0.95
+    # It ends once under 0.05 s plus a step's usual overhead is left: never earlier.
+    assert time.perf_counter() - began >= 0.9
     stale = SearchStats()
     improve(start, deadline=time.perf_counter() + 5.0, window_ops=10, stats=stale,
             stop_when_stale=True)  # fmt: skip
