@@ -16,7 +16,7 @@ from pp_opt.cli.output import say
 from pp_opt.errors import ProblemError
 
 if TYPE_CHECKING:
-    from pp_opt.plan.search import PlanProgress
+    from pp_opt.planner.search import PlanProgress
 
 
 def _ints(flag_name: str, text: str | None) -> tuple[int, ...] | None:
@@ -105,8 +105,8 @@ def plan(
     Ctrl-C or SIGTERM stops submitting candidates; the plan of those solved is written
     (exit 130).
     """
-    from pp_opt.plan import Pins
-    from pp_opt.plan import plan as run_plan
+    from pp_opt.planner import Pins
+    from pp_opt.planner import plan as run_plan
 
     for path in (output, schedule, torch_csv, plot):
         if path is not None:
@@ -124,7 +124,7 @@ def plan(
 
         export(best, "torch-csv", torch_csv)
     if result.best is not None:
-        from pp_opt.plan.training import training_settings
+        from pp_opt.planner.training import training_settings
 
         result.training = training_settings(
             result.best, n_layers=result.inputs.model.layers,
@@ -137,10 +137,10 @@ def plan(
 
         save_schedule(best, schedule)
     if plot is not None:
-        from pp_opt.plan.plot import save_plan_figure
+        from pp_opt.planner.plot import save_plan_figure
 
         save_plan_figure(result, plot)
-    from pp_opt.plan.report import plan_report
+    from pp_opt.planner.report import plan_report
 
     say(plan_report(result, top=5 if quiet else 10))
     for path in (output, schedule, torch_csv, plot):

@@ -175,3 +175,9 @@ def head_params(card: ModelCard) -> int:
     pipeline stage (Megatron does), so it is counted here either way.
     """
     return card.vocab * card.hidden + (2 if card.norm == "layernorm" else 1) * card.hidden
+
+
+def head_flops(card: ModelCard, tokens: int) -> float:
+    """FLOPs of the output layer in F for ``tokens`` tokens (the same again in B and in W),
+    all tensor-parallel ranks together: ``2 tokens h vocab``."""
+    return 2.0 * tokens * card.hidden * card.vocab

@@ -23,10 +23,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pp_opt.job import Job
 from pp_opt.ops import OpKind
-from pp_opt.plan.config import Config, PlanInputs
-from pp_opt.profiler.cards import GB
-from pp_opt.profiler.formulas import LayerShape, layer_flops
+from pp_opt.planner.config import PlanInputs
+from pp_opt.profiler.comm import hbm_ms, ring_all_reduce_ms
+from pp_opt.profiler.formulas import LayerShape, head_flops, layer_flops
 from pp_opt.schedule import Schedule
 
 GRAD_BYTES = 2.0
@@ -54,13 +55,6 @@ class StepTime:
     """Model FLOPs utilisation."""
 
 
-def ring_all_reduce_ms(nbytes: float, n: int, gbs: float, latency_us: float) -> float:
-    """Ring all-reduce of ``nbytes`` over ``n`` ranks at ``gbs`` GB/s each way (ms)."""
-    if n <= 1:
-        return 0.0
-    return 1e3 * 2 * (n - 1) / n * nbytes / (gbs * GB) + 2 * (n - 1) * latency_us * 1e-3
-
-
 def dp_link(inputs: PlanInputs) -> tuple[float, float]:
     """``(GB/s, latency in µs)`` of a dp group's ring (see the module notes)."""
     hw = inputs.hardware
@@ -69,7 +63,7 @@ def dp_link(inputs: PlanInputs) -> tuple[float, float]:
     return hw.inter_node_gbs, hw.inter_node_latency_us
 
 
-def stage_all_reduce_ms(inputs: PlanInputs, config: Config, params: Sequence[float]) -> list[float]:
+def stage_all_reduce_ms(inputs: PlanInputs, config: Job, params: Sequence[float]) -> list[float]:
     """All-reduce time of each stage's gradients (``params``: per stage, per GPU)."""
     gbs, latency = dp_link(inputs)
     return [ring_all_reduce_ms(GRAD_BYTES * n, config.dp, gbs, latency) for n in params]
@@ -103,12 +97,10 @@ def dp_sync_bound(reduce: Sequence[float]) -> float:
     return min(reduce) if reduce else 0.0
 
 
-def optimizer_ms(inputs: PlanInputs, config: Config, device_params: Sequence[float]) -> float:
+def optimizer_ms(inputs: PlanInputs, config: Job, device_params: Sequence[float]) -> float:
     """Adam's step on the device with the most parameters (ms)."""
-    hw = inputs.hardware
     share = config.dp if config.optimizer_sharding else 1
-    bandwidth = hw.hbm_gbs * GB * hw.hbm_efficiency
-    return 1e3 * max(device_params) * OPTIMIZER_BYTES / share / bandwidth
+    return hbm_ms(max(device_params) * OPTIMIZER_BYTES / share, inputs.hardware)
 
 
 def model_flops_per_sequence(inputs: PlanInputs) -> float:
@@ -117,13 +109,13 @@ def model_flops_per_sequence(inputs: PlanInputs) -> float:
     card, s = inputs.model, inputs.seq
     shape = LayerShape.of(card, s=s, b=1)
     per_layer = sum(layer_flops(shape))
-    head = 3 * 2.0 * s * card.hidden * card.vocab
+    head = 3 * head_flops(card, s)
     return card.layers * per_layer + head
 
 
 def step_time(
     inputs: PlanInputs,
-    config: Config,
+    config: Job,
     *,
     makespan: float,
     dp_sync: float,

@@ -9,7 +9,7 @@ from typing import Any
 
 from pp_opt.errors import ProblemError
 from pp_opt.export.training_config import megatron_flags, torchtitan_config
-from pp_opt.plan.evaluate import Scored
+from pp_opt.planner.evaluate import Scored
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ def training_settings(
 ) -> dict[str, Any]:
     """torchtitan keys and Megatron-LM flags of ``best`` (a note instead of the flags where
     Megatron-LM cannot express the configuration, e.g. the V placement)."""
-    c = best.candidate.config
+    c = best.candidate.job
     layers = list(best.candidate.layers)
     if schedule_csv is None:  # the keys still name the CSV a job needs; say how to make it
         schedule_csv = DEFAULT_CSV
@@ -42,7 +42,7 @@ def training_settings(
     try:
         out["megatron"] = megatron_flags(
             tp=c.tp, pp=c.pp, v=c.v, placement=c.placement, mbs=c.mbs, layers=layers,
-            n_layers=n_layers, global_batch=global_batch, recompute=c.recompute,
+            n_layers=n_layers, global_batch=global_batch, recompute=best.candidate.recompute,
         )  # fmt: skip
     except ProblemError as err:  # Megatron-LM has no V placement
         out["megatron_note"] = str(err)

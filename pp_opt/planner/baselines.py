@@ -15,7 +15,8 @@ from dataclasses import replace
 
 from pp_opt.errors import ProblemError
 from pp_opt.export.training_config import megatron_default_layers, torchtitan_default_layers
-from pp_opt.plan.config import Candidate, Config
+from pp_opt.job import Job
+from pp_opt.planner.config import Candidate
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule
 
@@ -50,7 +51,7 @@ INTERLEAVED_V = 2
 interleaves)."""
 
 
-def baseline_candidates(best: Config, layers: int) -> list[tuple[str, str, Candidate]]:
+def baseline_candidates(best: Candidate, layers: int) -> list[tuple[str, str, Candidate]]:
     """``(label, schedule, candidate)`` of the defaults for the best candidate's degrees.
 
     Same ``tp``, ``pp``, ``dp``, ``mbs`` and optimizer sharding as the best; recompute and
@@ -59,12 +60,12 @@ def baseline_candidates(best: Config, layers: int) -> list[tuple[str, str, Candi
     split (when it divides) and interleaved 1F1B. Fixed chunk counts keep the defaults what a
     user would pick without a planner.
     """
-    plain = replace(best, recompute=False, offload=False)
+    plain = best.job
     out: list[tuple[str, str, Candidate]] = []
-    one = replace(plain, v=1, placement="loop")
+    one = replace(plain, v=1, placement="loop", layers=())
     out.append(("torchtitan", "1F1B", _candidate(one, torchtitan_split(layers, one.stages))))
-    looped = replace(plain, v=INTERLEAVED_V, placement="loop")
-    if best.pp > 1 and looped.stages <= layers:
+    looped = replace(plain, v=INTERLEAVED_V, placement="loop", layers=())
+    if plain.pp > 1 and looped.stages <= layers:
         split = torchtitan_split(layers, looped.stages)
         out.append(("torchtitan", "Interleaved1F1B", _candidate(looped, split)))
         even = even_split(layers, looped.stages)
@@ -73,5 +74,5 @@ def baseline_candidates(best: Config, layers: int) -> list[tuple[str, str, Candi
     return out
 
 
-def _candidate(config: Config, layers: tuple[int, ...]) -> Candidate:
-    return Candidate(config=config, layers=layers, origin="baseline")
+def _candidate(job: Job, layers: tuple[int, ...]) -> Candidate:
+    return Candidate(job=job.with_layers(layers), recompute=False, offload=False, origin="baseline")

@@ -1,8 +1,8 @@
 """Where jobs run: in this process, in a local process pool, or as Ray tasks.
 
 An executor is a parameter of the plan, not a branch inside its steps: it takes
-:class:`~pp_opt.plan.evaluate.Job` values and hands back
-:class:`~pp_opt.plan.evaluate.Scored` values, one at a time as they finish (ties in finishing
+:class:`~pp_opt.planner.evaluate.EvaluationTask` values and hands back
+:class:`~pp_opt.planner.evaluate.Scored` values, one at a time as they finish (ties in finishing
 go to the job submitted first).
 """
 
@@ -16,7 +16,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from typing import Any, Protocol
 
 from pp_opt.errors import ProblemError
-from pp_opt.plan.evaluate import Job, Scored, evaluate
+from pp_opt.planner.evaluate import EvaluationTask, Scored, evaluate
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ class Executor(Protocol):
     workers: int
     """Jobs that run at once."""
 
-    def submit(self, job: Job) -> None: ...
+    def submit(self, job: EvaluationTask) -> None: ...
 
     def next_done(self) -> Scored: ...
 
@@ -41,9 +41,9 @@ class SerialExecutor:
 
     def __init__(self) -> None:
         self.workers = 1
-        self._jobs: deque[Job] = deque()
+        self._jobs: deque[EvaluationTask] = deque()
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: EvaluationTask) -> None:
         self._jobs.append(job)
 
     def next_done(self) -> Scored:
@@ -76,7 +76,7 @@ class PoolExecutor:
         self._futures: dict[Future[Scored], int] = {}
         self._count = 0
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: EvaluationTask) -> None:
         self._futures[self._pool.submit(evaluate, job)] = self._count
         self._count += 1
 
@@ -123,7 +123,7 @@ class RayExecutor:
         self._refs: dict[Any, int] = {}
         self._count = 0
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: EvaluationTask) -> None:
         self._refs[self._remote.remote(job)] = self._count
         self._count += 1
 

@@ -1,8 +1,9 @@
 """Steps 2 and 4 of a plan: the problem a candidate is solved as, and its bounds.
 
-The profiler is the one place of costs: a candidate's problem is profiled with its layer
-split, its tensor-parallel collectives, and the static bytes its optimizer sharding gives
-(:func:`pp_opt.profiler.analytic.bytes_per_param`).
+The profiler is the one place of costs: a candidate's job (layer split, tensor-parallel
+collectives, the static bytes its optimizer sharding gives) is profiled into a
+:class:`~pp_opt.profiler.costs.CostProfile`, which is kept beside the problem built from it
+(the step time's parameters come from the profile, never from ``Problem.extra``).
 """
 
 from __future__ import annotations
@@ -11,41 +12,34 @@ from dataclasses import dataclass
 
 from pp_opt.bounds import lower_bound, min_feasible_cap
 from pp_opt.errors import ProblemError
-from pp_opt.plan.config import Candidate, PlanInputs
-from pp_opt.plan.step import dp_sync_bound, optimizer_ms, stage_all_reduce_ms
+from pp_opt.planner.config import Candidate, PlanInputs
+from pp_opt.planner.step import dp_sync_bound, optimizer_ms, stage_all_reduce_ms
 from pp_opt.problem import Problem
-from pp_opt.problem_io import problem_from_costs
-from pp_opt.profiler import profile_costs
-from pp_opt.profiler.analytic import bytes_per_param
+from pp_opt.profiler.analytic import profile_analytic
+from pp_opt.profiler.costs import CostProfile, problem_from_profile
+from pp_opt.profiler.layer_split import job_for_card
 
 OFFLOAD_FRACTIONS = (1.0,)
 """Offload fractions a plan's solves allow (when offload is on)."""
 
 
-def build_problem(inputs: PlanInputs, candidate: Candidate) -> Problem:
+def candidate_profile(inputs: PlanInputs, candidate: Candidate) -> CostProfile:
+    """The cost profile of ``candidate``'s job (the same as ``pp-opt profile`` gives)."""
+    return profile_analytic(
+        inputs.model, inputs.hardware, job_for_card(inputs.model, candidate.job)
+    )
+
+
+def candidate_problem(candidate: Candidate, profile: CostProfile) -> Problem:
     """The problem of one pipeline of ``candidate`` (memory in bytes, times in ms)."""
-    c = candidate.config
-    data = profile_costs(
-        model=inputs.model, hardware=inputs.hardware, pp=c.pp, v=c.v, placement=c.placement,
-        microbatches=c.m, mbs=c.mbs, seq=inputs.seq, tp=c.tp, layers=list(candidate.layers),
-        bytes_per_param=bytes_per_param(dp=c.dp, optimizer_sharding=c.optimizer_sharding),
-        tp_comm=True,
-    )  # fmt: skip
-    problem = problem_from_costs(data)
-    return problem.replace(recompute=c.recompute, offload=c.offload, name=c.label())
+    problem = problem_from_profile(profile)
+    return problem.replace(recompute=candidate.recompute, offload=candidate.offload,
+                           name=candidate.label())  # fmt: skip
 
 
-def stage_params(problem: Problem) -> list[float]:
-    """Parameters per stage and GPU, from the profile the problem was made from."""
-    return [float(st["params"]) for st in problem.extra["profile"]["stages"]]
-
-
-def device_params(problem: Problem) -> list[float]:
-    params = stage_params(problem)
-    out = [0.0] * problem.p
-    for s, st in enumerate(problem.stages):
-        out[st.device] += params[s]
-    return out
+def build_problem(inputs: PlanInputs, candidate: Candidate) -> Problem:
+    """The problem of one pipeline of ``candidate``, profiled."""
+    return candidate_problem(candidate, candidate_profile(inputs, candidate))
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -66,7 +60,8 @@ class Bounded:
 def bound_candidate(inputs: PlanInputs, candidate: Candidate) -> Bounded:
     """Bounds of ``candidate``, or why it cannot fit its devices' memory."""
     try:
-        problem = build_problem(inputs, candidate)
+        profile = candidate_profile(inputs, candidate)
+        problem = candidate_problem(candidate, profile)
     except ProblemError as err:
         if err.field == "hardware":  # weights, gradients and optimizer state alone overflow
             return Bounded(candidate=candidate, infeasible="static memory over the cap")
@@ -75,7 +70,7 @@ def bound_candidate(inputs: PlanInputs, candidate: Candidate) -> Bounded:
     if min_feasible_cap(problem, OFFLOAD_FRACTIONS) > cap * (1 + 1e-12):
         return Bounded(candidate=candidate, infeasible="activation memory over the cap")
     makespan = lower_bound(problem, offload_fractions=OFFLOAD_FRACTIONS)
-    reduce = stage_all_reduce_ms(inputs, candidate.config, stage_params(problem))
-    optimizer = optimizer_ms(inputs, candidate.config, device_params(problem))
+    reduce = stage_all_reduce_ms(inputs, candidate.job, profile.stage_params())
+    optimizer = optimizer_ms(inputs, candidate.job, profile.device_params())
     return Bounded(candidate=candidate, makespan_bound=makespan,
                    step_bound=makespan + dp_sync_bound(reduce) + optimizer)  # fmt: skip

@@ -16,7 +16,9 @@ import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 
-from pp_opt.plan.config import Config, Pins, PlanInputs
+from pp_opt.errors import ProblemError
+from pp_opt.job import Job
+from pp_opt.planner.config import Candidate, Pins, PlanInputs
 
 PLACEMENTS = ("loop", "v")
 
@@ -25,8 +27,8 @@ PLACEMENTS = ("loop", "v")
 class Enumeration:
     """The legal configurations, in a fixed order, and the skipped ones counted by reason."""
 
-    configs: list[Config] = field(default_factory=list)
-    """Legal configurations."""
+    configs: list[Candidate] = field(default_factory=list)
+    """Legal configurations (their layers not split yet)."""
     skipped: Counter[str] = field(default_factory=Counter)
     """Reason -> how many (partial) configurations it skipped."""
 
@@ -116,7 +118,8 @@ def _switches(pins: Pins, dp: int) -> list[tuple[bool, bool, bool]]:
 
 
 def enumerate_configs(inputs: PlanInputs, pins: Pins) -> Enumeration:
-    """Every legal configuration of ``inputs`` under ``pins``, skipped ones counted."""
+    """Every legal configuration of ``inputs`` under ``pins`` (candidates whose layers are
+    not split yet), skipped ones counted."""
     result = Enumeration()
     skipped = result.skipped
     for tp in _tp_values(inputs, pins, skipped):
@@ -126,18 +129,14 @@ def enumerate_configs(inputs: PlanInputs, pins: Pins) -> Enumeration:
                 m = inputs.global_batch // (dp * mbs)
                 for placement, v in _chunk_values(inputs, pins, pp, skipped):
                     for recompute, offload, sharding in _switches(pins, dp):
+                        try:
+                            job = Job(tp=tp, pp=pp, dp=dp, v=v, placement=placement, mbs=mbs,
+                                      microbatches=m, seq=inputs.seq,
+                                      optimizer_sharding=sharding)  # fmt: skip
+                        except ProblemError as err:
+                            skipped[f"beyond pp_opt's limits ({err.field})"] += 1
+                            continue
                         result.configs.append(
-                            Config(
-                                tp=tp,
-                                pp=pp,
-                                dp=dp,
-                                v=v,
-                                placement=placement,
-                                mbs=mbs,
-                                m=m,
-                                recompute=recompute,
-                                offload=offload,
-                                optimizer_sharding=sharding,
-                            )  # fmt: skip
+                            Candidate(job=job, recompute=recompute, offload=offload)
                         )
     return result

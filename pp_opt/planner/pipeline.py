@@ -14,15 +14,15 @@ from pathlib import Path
 
 from pp_opt.arguments import integer, number
 from pp_opt.errors import ProblemError
-from pp_opt.plan.baselines import baseline_candidates
-from pp_opt.plan.candidates import split_layers
-from pp_opt.plan.config import Pins, PlanInputs
-from pp_opt.plan.evaluate import SOLVED, Job, Scored
-from pp_opt.plan.executors import Executor, make_executor
-from pp_opt.plan.problems import Bounded, bound_candidate
-from pp_opt.plan.result import Plan
-from pp_opt.plan.search import ProgressFn, refine, solve_survivors
-from pp_opt.plan.space import Enumeration, enumerate_configs
+from pp_opt.planner.baselines import baseline_candidates
+from pp_opt.planner.candidates import split_layers
+from pp_opt.planner.config import Pins, PlanInputs
+from pp_opt.planner.evaluate import SOLVED, EvaluationTask, Scored
+from pp_opt.planner.executors import Executor, make_executor
+from pp_opt.planner.problems import Bounded, bound_candidate
+from pp_opt.planner.result import Plan
+from pp_opt.planner.search import ProgressFn, refine, solve_survivors
+from pp_opt.planner.space import Enumeration, enumerate_configs
 from pp_opt.profiler.cards import HardwareCard, ModelCard, load_hardware_card, load_model_card
 from pp_opt.solvers.interrupt import stop_requested
 
@@ -192,10 +192,11 @@ def _baselines(
     order and with pp_opt's solved one."""
     jobs = []
     limit = max(1.0, min(short, (deadline - time.perf_counter()) / 4))
-    for label, name, candidate in baseline_candidates(best.candidate.config, inputs.model.layers):
+    for label, name, candidate in baseline_candidates(best.candidate, inputs.model.layers):
         for order in (name, SOLVED):
-            jobs.append(Job(inputs=inputs, candidate=candidate, order=order, time_limit=limit,
-                            seed=seed, threads=threads, label=label))  # fmt: skip
+            jobs.append(EvaluationTask(inputs=inputs, candidate=candidate, order=order,
+                                       time_limit=limit, seed=seed, threads=threads,
+                                       label=label))  # fmt: skip
     for job in jobs:
         executor.submit(job)
     done = [executor.next_done() for _ in jobs]

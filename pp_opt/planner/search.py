@@ -19,10 +19,10 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from pp_opt.plan.config import Candidate, PlanInputs
-from pp_opt.plan.evaluate import Job, Scored
-from pp_opt.plan.executors import Executor
-from pp_opt.plan.problems import Bounded
+from pp_opt.planner.config import Candidate, PlanInputs
+from pp_opt.planner.evaluate import EvaluationTask, Scored
+from pp_opt.planner.executors import Executor
+from pp_opt.planner.problems import Bounded
 from pp_opt.solvers.interrupt import stop_requested
 
 log = logging.getLogger(__name__)
@@ -65,14 +65,13 @@ class SearchResult:
 
 
 def _order(b: Bounded) -> tuple[object, ...]:
-    c = b.candidate.config
-    return (c.recompute or c.offload, round(b.step_bound, 6), b.candidate.key())
+    c = b.candidate
+    return (c.recompute or c.offload, round(b.step_bound, 6), c.key())
 
 
 def _plain(candidate: Candidate) -> Candidate:
     """The same candidate without recompute and offload."""
-    config = replace(candidate.config, recompute=False, offload=False)
-    return replace(candidate, config=config)
+    return replace(candidate, recompute=False, offload=False)
 
 
 def _kth_best(scored: Sequence[Scored], keep: int) -> float:
@@ -113,7 +112,7 @@ def solve_survivors(
                 seconds=time.perf_counter() - started, done=len(out.scored),
                 pruned=sum(out.pruned.values()), total=total,
                 incumbent=None if best is None else best.step_time,
-                label="" if best is None else best.candidate.config.label(),
+                label="" if best is None else best.candidate.label(),
             ))  # fmt: skip
 
     plain: dict[Candidate, Scored] = {}
@@ -138,13 +137,14 @@ def solve_survivors(
                 out.pruned[PRUNED_BY_TIME] += len(queue) - i + 1
                 i = len(queue)
                 break
-            executor.submit(Job(inputs=inputs, candidate=item.candidate, time_limit=limit,
-                                seed=seed, threads=threads))  # fmt: skip
+            task = EvaluationTask(inputs=inputs, candidate=item.candidate, time_limit=limit,
+                                  seed=seed, threads=threads)  # fmt: skip
+            executor.submit(task)
         if executor.pending():
             result = executor.next_done()
             out.scored.append(result)
             plain[result.candidate] = result
-            log.debug("%s: %s %s", result.candidate.config.label(), result.status,
+            log.debug("%s: %s %s", result.candidate.label(), result.status,
                       result.step_time)  # fmt: skip
             report()
     return out
@@ -180,8 +180,9 @@ def refine(
     if limit < 2.0:
         return
     for s in chosen:
-        executor.submit(Job(inputs=inputs, candidate=s.candidate, time_limit=limit, seed=seed,
-                            threads=threads, warm_start=s.schedule))  # fmt: skip
+        task = EvaluationTask(inputs=inputs, candidate=s.candidate, time_limit=limit, seed=seed,
+                              threads=threads, warm_start=s.schedule)  # fmt: skip
+        executor.submit(task)
     for _ in chosen:
         again = executor.next_done()
         index = next(i for i, s in enumerate(result.scored) if s.candidate == again.candidate)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pp_opt.plan.evaluate import SOLVED, Scored
-from pp_opt.plan.result import Plan
+from pp_opt.planner.evaluate import SOLVED, Scored
+from pp_opt.planner.result import Plan
 
 GIB = 2.0**30
 HEADER = ("#", "configuration", "layers", "order", "makespan", "dp_sync", "step ms", "tok/s/GPU",
@@ -13,7 +13,7 @@ HEADER = ("#", "configuration", "layers", "order", "makespan", "dp_sync", "step 
 
 
 def _row(rank: str, s: Scored) -> list[str]:
-    c = s.candidate.config
+    c = s.candidate
     order = "pp_opt" if s.order == SOLVED else s.order
     name = f"{s.label}: " if s.label else ""
     if not s.ok:
@@ -44,8 +44,8 @@ def _distinct(ranked: Sequence[Scored]) -> list[tuple[int, Scored, int]]:
     out: list[tuple[int, Scored, int]] = []
     seen: dict[tuple[object, ...], int] = {}
     for rank, s in enumerate(ranked, start=1):
-        c = s.candidate.config
-        key = (c.tp, c.pp, c.v, c.placement, c.mbs, s.candidate.layers, round(s.step_time or 0, 3))
+        j = s.candidate.job
+        key = (j.tp, j.pp, j.v, j.placement, j.mbs, j.layers, round(s.step_time or 0, 3))
         if key in seen:
             first, best, alike = out[seen[key]]
             out[seen[key]] = (first, best, alike + 1)

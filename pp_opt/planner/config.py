@@ -1,4 +1,5 @@
-"""What a plan searches over: the inputs of one training job, a configuration, a candidate."""
+"""What a plan searches over: the inputs of one training job, and a candidate (a job plus
+its search-only switches)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from pp_opt.errors import ProblemError
+from pp_opt.job import Job
 from pp_opt.profiler.cards import HardwareCard, ModelCard
 
 
@@ -41,67 +43,53 @@ class PlanInputs:
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
-class Config:
-    """One parallel configuration (the layer split aside)."""
+class Candidate:
+    """A job plus what only the search decides: what one schedule is solved for.
 
-    tp: int
-    """Tensor-parallel degree (inside one node)."""
-    pp: int
-    """Pipeline devices."""
-    dp: int
-    """Data-parallel replicas, ``gpus / (tp * pp)``."""
-    v: int
-    """Chunks (stages) per pipeline device."""
-    placement: str
-    """``loop`` or ``v``."""
-    mbs: int
-    """Sequences per microbatch."""
-    m: int
-    """Microbatches per pipeline and step, ``global_batch / (dp * mbs)``."""
+    Before the split (step 2) ``job.layers`` is empty; a candidate to solve has them.
+    """
+
+    job: Job
+    """The configuration: degrees, chunks, microbatching, optimizer sharding, layer split."""
     recompute: bool
     """Recomputing a forward is allowed (the solver decides per activation)."""
     offload: bool
     """Offloading activations to host memory is allowed (the solver decides)."""
-    optimizer_sharding: bool
-    """Optimizer state split over the ``dp`` replicas."""
-
-    @property
-    def stages(self) -> int:
-        return self.pp * self.v
-
-    def key(self) -> tuple[Any, ...]:
-        """A total order for deterministic tie-breaking."""
-        return (self.tp, self.pp, self.v, self.placement, self.mbs, self.recompute,
-                self.offload, self.optimizer_sharding)  # fmt: skip
-
-    def label(self) -> str:
-        flags = [f for f, on in (("recompute", self.recompute), ("offload", self.offload),
-                                 ("sharded", self.optimizer_sharding)) if on]  # fmt: skip
-        return (
-            f"tp{self.tp} pp{self.pp} dp{self.dp} {self.placement} v{self.v} mbs{self.mbs} "
-            f"m{self.m}" + "".join(f" {f}" for f in flags)
-        )
-
-
-@dataclass(kw_only=True, slots=True, frozen=True)
-class Candidate:
-    """A configuration with its layer split: what one schedule is solved for."""
-
-    config: Config
-    """The configuration."""
-    layers: tuple[int, ...]
-    """Decoder layers per stage, in stage order (embedding on the first stage, output layer
-    on the last)."""
     origin: str = "split"
     """Where the split came from (``split``: the planner's split model; a baseline's name)."""
 
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """Decoder layers per stage (the job's)."""
+        return self.job.layers
+
     def key(self) -> tuple[Any, ...]:
-        return (*self.config.key(), self.layers)
+        """A total order for deterministic tie-breaking."""
+        j = self.job
+        return (j.tp, j.pp, j.v, j.placement, j.mbs, self.recompute, self.offload,
+                j.optimizer_sharding, j.layers)  # fmt: skip
+
+    def label(self) -> str:
+        flags = [f for f, on in (("recompute", self.recompute), ("offload", self.offload),
+                                 ("sharded", self.job.optimizer_sharding)) if on]  # fmt: skip
+        return self.job.label() + "".join(f" {f}" for f in flags)
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self.config)
-        out["layers"] = list(self.layers)
-        return out
+        """The ``config`` object of a plan file."""
+        j = self.job
+        return {"tp": j.tp, "pp": j.pp, "dp": j.dp, "v": j.v, "placement": j.placement,
+                "mbs": j.mbs, "m": j.microbatches, "recompute": self.recompute,
+                "offload": self.offload, "optimizer_sharding": j.optimizer_sharding,
+                "layers": list(j.layers)}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, seq: int) -> Candidate:
+        """Inverse of :meth:`to_dict` (``seq``: the plan's sequence length)."""
+        job = Job(tp=data["tp"], pp=data["pp"], dp=data["dp"], v=data["v"],
+                  placement=data["placement"], mbs=data["mbs"], microbatches=data["m"], seq=seq,
+                  layers=tuple(data["layers"]),
+                  optimizer_sharding=data["optimizer_sharding"])  # fmt: skip
+        return cls(job=job, recompute=data["recompute"], offload=data["offload"])
 
 
 @dataclass(kw_only=True, slots=True)

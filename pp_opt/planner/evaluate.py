@@ -1,8 +1,8 @@
 """Step 5's unit of work: one candidate in, one scored candidate out, both plain data.
 
-A :class:`Job` carries the cards by value, so a worker process or a Ray task needs nothing
-else; :func:`evaluate` profiles the candidate, solves it (or runs a named baseline order),
-and scores the validated schedule with :mod:`pp_opt.plan.step`.
+An :class:`EvaluationTask` carries the cards by value, so a worker process or a Ray task
+needs nothing else; :func:`evaluate` profiles the candidate, solves it (or runs a named
+baseline order), and scores the validated schedule with :mod:`pp_opt.planner.step`.
 """
 
 from __future__ import annotations
@@ -12,20 +12,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pp_opt.errors import InfeasibleError, PPOptError, TimeLimitError
-from pp_opt.plan.config import Candidate, PlanInputs
-from pp_opt.plan.problems import (
-    OFFLOAD_FRACTIONS,
-    build_problem,
-    device_params,
-    stage_params,
-)
-from pp_opt.plan.step import (
+from pp_opt.job import Job
+from pp_opt.planner.config import Candidate, PlanInputs
+from pp_opt.planner.problems import OFFLOAD_FRACTIONS, candidate_problem, candidate_profile
+from pp_opt.planner.step import (
     dp_sync_ms,
     gradients_ready,
     optimizer_ms,
     stage_all_reduce_ms,
     step_time,
 )
+from pp_opt.problem import Problem
+from pp_opt.profiler.costs import CostProfile
 from pp_opt.schedule import Schedule
 
 SOLVED = "solve"
@@ -33,7 +31,7 @@ SOLVED = "solve"
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
-class Job:
+class EvaluationTask:
     """One candidate to evaluate."""
 
     inputs: PlanInputs
@@ -70,7 +68,7 @@ class Scored:
     iteration_makespan: float | None = None
     """Makespan of one pipeline's schedule (None: no schedule)."""
     dp_sync: float | None = None
-    """Gradient all-reduce time past the makespan (:mod:`pp_opt.plan.step`)."""
+    """Gradient all-reduce time past the makespan (:mod:`pp_opt.planner.step`)."""
     optimizer_step: float | None = None
     """Optimizer step of the slowest device."""
     step_time: float | None = None
@@ -95,6 +93,16 @@ class Scored:
     """The validated schedule's JSON dict."""
     note: str = ""
     """Why there is no schedule."""
+
+    @property
+    def job(self) -> Job:
+        """The configuration: degrees, chunks, microbatching, optimizer sharding, layers."""
+        return self.candidate.job
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """Decoder layers per stage."""
+        return self.candidate.job.layers
 
     @property
     def ok(self) -> bool:
@@ -124,13 +132,14 @@ class Scored:
         return out
 
 
-def evaluate(job: Job) -> Scored:
+def evaluate(job: EvaluationTask) -> Scored:
     """Solve (or run the baseline order of) ``job`` and score its schedule."""
     started = time.perf_counter()
     base = Scored(candidate=job.candidate, order=job.order, label=job.label, status="",
                   time_limit=job.time_limit)  # fmt: skip
     try:
-        schedule = _schedule(job)
+        profile = candidate_profile(job.inputs, job.candidate)
+        schedule = _schedule(job, candidate_problem(job.candidate, profile))
     except InfeasibleError as err:
         base.status, base.note = "infeasible", str(err)
     except TimeLimitError as err:
@@ -138,15 +147,14 @@ def evaluate(job: Job) -> Scored:
     except PPOptError as err:  # a problem the solver refuses must not end the whole plan
         base.status, base.note = "error", str(err)
     else:
-        _score(base, job, schedule)
+        _score(base, job, schedule, profile)
     base.seconds = time.perf_counter() - started
     return base
 
 
-def _schedule(job: Job) -> Schedule:
-    problem = build_problem(job.inputs, job.candidate)
+def _schedule(job: EvaluationTask, problem: Problem) -> Schedule:
     if job.order != SOLVED:
-        from pp_opt.plan.baselines import run_baseline
+        from pp_opt.planner.baselines import run_baseline
 
         return run_baseline(job.order, problem)
     from pp_opt.schedule_io import schedule_from_dict
@@ -160,16 +168,16 @@ def _schedule(job: Job) -> Schedule:
     return result.schedule
 
 
-def _score(out: Scored, job: Job, schedule: Schedule) -> None:
+def _score(out: Scored, job: EvaluationTask, schedule: Schedule, profile: CostProfile) -> None:
     from pp_opt.schedule_io import schedule_to_dict
 
     problem = schedule.problem
-    config = job.candidate.config
+    config = job.candidate.job
     makespan = schedule.metrics.makespan
-    reduce = stage_all_reduce_ms(job.inputs, config, stage_params(problem))
+    reduce = stage_all_reduce_ms(job.inputs, config, profile.stage_params())
     devices = [st.device for st in problem.stages]
     sync = dp_sync_ms(gradients_ready(schedule), devices, reduce, makespan)
-    optimizer = optimizer_ms(job.inputs, config, device_params(problem))
+    optimizer = optimizer_ms(job.inputs, config, profile.device_params())
     figures = step_time(job.inputs, config, makespan=makespan, dp_sync=sync,
                         optimizer_step=optimizer)  # fmt: skip
     out.iteration_makespan = figures.iteration_makespan

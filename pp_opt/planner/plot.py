@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pp_opt.plan.evaluate import SOLVED, Scored
-from pp_opt.plan.result import Plan
+from pp_opt.planner.evaluate import SOLVED, Scored
+from pp_opt.planner.result import Plan
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -51,7 +51,7 @@ def plot_plan(plan: Plan, ax: Axes | None = None, *, title: bool = True) -> Axes
     if ok:
         best = ok[0]
         ax.scatter([_memory(best)], [_time(best)], marker="*", s=160, color="#d65f5f",
-                   zorder=3, label=f"best: {best.candidate.config.label()}")  # fmt: skip
+                   zorder=3, label=f"best: {best.candidate.label()}")  # fmt: skip
     for s in plan.baselines:
         if s.ok:
             order = "pp_opt order" if s.order == SOLVED else s.order

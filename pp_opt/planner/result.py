@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pp_opt.plan.config import Pins, PlanInputs
-from pp_opt.plan.evaluate import Scored
+from pp_opt.planner.config import Pins, PlanInputs
+from pp_opt.planner.evaluate import Scored
 from pp_opt.schedule import Schedule
 
 FORMAT = "pp-opt.plan"

@@ -35,8 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pp_opt.job import Job
 from pp_opt.placement import stage_devices
-from pp_opt.plan.config import Config
 from pp_opt.profiler.analytic import UnitCosts
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ def _units(costs: dict[str, float], bytes_per_param: float) -> tuple[int, int, i
 
 
 def split_model(
-    config: Config,
+    job: Job,
     units: UnitCosts,
     *,
     layers: int,
@@ -173,17 +173,17 @@ def split_model(
     cap: float,
     t_comm: float,
 ) -> SplitModel:
-    """The split problem of ``config`` from the profiler's per-layer costs."""
+    """The split problem of ``job`` from the profiler's per-layer costs."""
     return SplitModel(
         layers=layers,
-        devices=stage_devices(config.placement, config.pp, config.v),
-        m=config.m,
+        devices=job.stage_devices,
+        m=job.microbatches,
         layer=_units(units.layer, bytes_per_param),
         first=_units(units.embedding, bytes_per_param),
         last=_units(units.head, bytes_per_param),
         t_comm=round(t_comm * TIME_SCALE),
         room=math.floor(cap / MEMORY_SCALE),
-        k=tuple(in_flight(config.placement, config.pp, config.v, config.m)),
+        k=tuple(in_flight(job.placement, job.pp, job.v, job.microbatches)),
     )
 
 
