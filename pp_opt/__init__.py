@@ -34,6 +34,7 @@ from pp_opt.orders import baseline, baseline_names
 from pp_opt.planner import Candidate, Pins, Plan, PlanInputs, Scored, plan
 from pp_opt.problem import Device, Problem, Stage, uniform_problem
 from pp_opt.problem_io import load_problem, resplit
+from pp_opt.problem_overrides import apply_overrides, problem_with_overrides
 from pp_opt.profiler import (
     CostProfile,
     HardwareCard,
@@ -51,6 +52,7 @@ from pp_opt.validator import ValidationError, Violation, check_schedule, validat
 __version__ = "0.1.0"
 
 __all__ = [
+    "apply_overrides",
     "Candidate",
     "CostProfile",
     "DeadlockError",
@@ -89,6 +91,7 @@ __all__ = [
     "order_of",
     "plan",
     "problem_from_profile",
+    "problem_with_overrides",
     "profile_job",
     "profile_problem",
     "resplit",

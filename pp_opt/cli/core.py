@@ -16,9 +16,9 @@ from pp_opt.cli.common import (
     VOption,
     checked_for_output,
     chunks_per_device,
-    problem_with_overrides,
 )
 from pp_opt.cli.output import say
+from pp_opt.problem_overrides import problem_with_overrides
 
 
 def baseline(

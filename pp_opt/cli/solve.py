@@ -20,14 +20,13 @@ from pp_opt.cli.common import (
     QuietOption,
     VOption,
     VppAlias,
-    apply_overrides,
     chunks_per_device,
     layers_per_stage,
-    problem_with_overrides,
 )
 from pp_opt.cli.output import say
 from pp_opt.errors import Interrupted, OutputError, PPOptError, ProblemError, TimeLimitError
 from pp_opt.problem import Problem
+from pp_opt.problem_overrides import apply_overrides, problem_with_overrides
 from pp_opt.schedule import Schedule, Status
 from pp_opt.solvers.base import Progress
 from pp_opt.solvers.result import SolveResult
