@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pp_opt.errors import ProblemError
-from pp_opt.export.training_config import megatron_default_layers, torchtitan_default_layers
+from pp_opt.export.training_config import torchtitan_default_layers
 from pp_opt.job import Job
 from pp_opt.planner.config import Candidate
 from pp_opt.problem import Problem
+from pp_opt.profiler import layer_split
 from pp_opt.schedule import Schedule
 
 
@@ -28,10 +28,7 @@ def torchtitan_split(layers: int, stages: int) -> tuple[int, ...]:
 
 def even_split(layers: int, stages: int) -> tuple[int, ...] | None:
     """Megatron-LM's even split, None when the stages do not divide the layers."""
-    try:
-        return tuple(megatron_default_layers(layers, stages))
-    except ProblemError:
-        return None
+    return layer_split.even_split(layers, stages)
 
 
 def pytorch_schedule(v: int) -> str:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from pp_opt.job import Job
 from pp_opt.placement import stage_devices
 from pp_opt.profiler.analytic import UnitCosts
+from pp_opt.profiler.layer_split import stage_total
 
 if TYPE_CHECKING:
     from ortools.sat.python import cp_model
@@ -108,11 +109,8 @@ class SplitModel:
 
     def stage(self, s: int, n: int) -> list[int]:
         """``t_f, t_b, t_w, m_b, static`` of stage ``s`` with ``n`` layers."""
-        out = [n * x for x in self.layer]
-        for extra, on in ((self.first, s == 0), (self.last, s == self.stages - 1)):
-            if on:
-                out = [a + b for a, b in zip(out, extra, strict=True)]
-        return out
+        return stage_total(n, self.layer, self.first, self.last, first=s == 0,
+                           last=s == self.stages - 1)  # fmt: skip
 
     def proxy(self, split: Sequence[int]) -> int:
         """The makespan proxy ``T`` of ``split`` (µs), as the CP-SAT model computes it."""
@@ -256,11 +254,8 @@ def _solver() -> cp_model.CpSolver:
 
 def _stage_exprs(model: SplitModel, s: int, n: Any) -> list[Any]:
     """``t_f, t_b, t_w, m_b, static`` of stage ``s`` as expressions of its layer count."""
-    out: list[Any] = [c * n for c in model.layer]
-    for extra, on in ((model.first, s == 0), (model.last, s == model.stages - 1)):
-        if on:
-            out = [a + b for a, b in zip(out, extra, strict=True)]
-    return out
+    return stage_total(n, model.layer, model.first, model.last, first=s == 0,
+                       last=s == model.stages - 1)  # fmt: skip
 
 
 def memory_levels(model: SplitModel) -> list[tuple[int, ...]]:

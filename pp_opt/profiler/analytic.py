@@ -32,6 +32,7 @@ from pp_opt.profiler.formulas import (
     layer_flops,
     layer_params,
 )
+from pp_opt.profiler.layer_split import stage_total
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,9 @@ class UnitCosts:
     m_in_first: float
     """``m_in`` of the first stage (token ids)."""
 
+    def parts(self) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+        return self.layer, self.embedding, self.head
+
 
 def job_bytes_per_param(job: Job) -> float:
     """The job's static bytes per parameter: its own, else from its optimizer sharding."""
@@ -169,26 +173,18 @@ def stage_costs(card: ModelCard, hw: HardwareCard, job: Job) -> list[StageCost]:
     """Per-stage costs of ``job`` (its layers split): ``layers x`` :func:`unit_costs`' layer,
     plus the embedding on the first stage and the output layer on the last."""
     units = unit_costs(card, hw, job)
+    keys = ("t_f", "t_b", "t_w", "m_b", "m_w", "params")
+    layer, embedding, head = ([part[k] for k in keys] for part in units.parts())
     last = job.stages - 1
     out = []
     for s, (d, n) in enumerate(zip(job.stage_devices, job.layers, strict=True)):
-        cost = StageCost(device=d, layers=n, embedding=s == 0, head=s == last)
-        cost.t_f, cost.t_b, cost.t_w = (n * units.layer[k] for k in ("t_f", "t_b", "t_w"))
-        cost.m_b, cost.m_w, cost.params = (n * units.layer[k] for k in ("m_b", "m_w", "params"))
-        cost.m_in = units.m_in
-        if cost.embedding:
-            _add(cost, units.embedding)
-            cost.m_in = units.m_in_first  # token ids
-        if cost.head:
-            _add(cost, units.head)
-        cost.m_in = min(cost.m_in, cost.m_b)
+        total = stage_total(n, layer, embedding, head, first=s == 0, last=s == last)
+        cost = StageCost(device=d, layers=n, embedding=s == 0, head=s == last,
+                         **dict(zip(keys, total, strict=True)))  # fmt: skip
+        m_in = units.m_in_first if s == 0 else units.m_in  # the first stage keeps token ids
+        cost.m_in = min(m_in, cost.m_b)
         out.append(cost)
     return out
-
-
-def _add(cost: StageCost, part: dict[str, float]) -> None:
-    for key, value in part.items():
-        setattr(cost, key, getattr(cost, key) + value)
 
 
 def static_bytes(stages: list[StageCost], job: Job, hw: HardwareCard) -> list[float]:

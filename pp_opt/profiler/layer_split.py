@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from pp_opt.errors import ProblemError
 from pp_opt.job import Job
 from pp_opt.profiler.cards import ModelCard
@@ -67,3 +70,16 @@ def job_for_card(card: ModelCard, job: Job) -> Job:
         ok = list(_divisors(card.num_kv_heads))
         raise ProblemError("tp", f"{job.tp} does not divide the heads; use one of {ok}")
     return job.with_layers(split_layers(card, job.stages, job.layers))
+
+
+def stage_total(
+    n: Any, layer: Sequence[Any], embedding: Sequence[Any], head: Sequence[Any], *,
+    first: bool, last: bool,
+) -> list[Any]:  # fmt: skip
+    """A stage's costs from its ``n`` decoder layers: ``n x layer``, plus the embedding on
+    the first stage and the output layer on the last (numbers or solver expressions alike)."""
+    out = [n * x for x in layer]
+    for extra, on in ((embedding, first), (head, last)):
+        if on:
+            out = [a + b for a, b in zip(out, extra, strict=True)]
+    return out
