@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pp_opt.job import Job
 from pp_opt.ops import OpKind
 from pp_opt.planner.config import PlanInputs
-from pp_opt.profiler.comm import hbm_ms, ring_all_reduce_ms
+from pp_opt.profiler.comm import hbm_ms, node_link, ring_all_reduce_ms
 from pp_opt.profiler.formulas import LayerShape, head_flops, layer_flops
 from pp_opt.schedule import Schedule
 
@@ -57,10 +57,7 @@ class StepTime:
 
 def dp_link(inputs: PlanInputs) -> tuple[float, float]:
     """``(GB/s, latency in µs)`` of a dp group's ring (see the module notes)."""
-    hw = inputs.hardware
-    if inputs.gpus <= hw.gpus_per_node:
-        return hw.intra_node_gbs, hw.intra_node_latency_us
-    return hw.inter_node_gbs, hw.inter_node_latency_us
+    return node_link(inputs.hardware, spans_nodes=inputs.gpus > inputs.hardware.gpus_per_node)
 
 
 def stage_all_reduce_ms(inputs: PlanInputs, config: Job, params: Sequence[float]) -> list[float]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from pp_opt.errors import ProblemError
 from pp_opt.job import Job
 from pp_opt.profiler.cards import GIB, HardwareCard, ModelCard
-from pp_opt.profiler.comm import gemm_ms, hbm_ms, p2p_ms, ring_all_gather_ms
+from pp_opt.profiler.comm import gemm_ms, hbm_ms, node_link, p2p_ms, ring_all_gather_ms
 from pp_opt.profiler.costs import CostProfile, LinkCosts, StageCost
 from pp_opt.profiler.formulas import (
     LayerShape,
@@ -96,7 +96,7 @@ def tp_comm_ms(card: ModelCard, hw: HardwareCard, job: Job) -> float:
     and pays ``t - 1`` latencies; 0 when ``tp = 1``.
     """
     full = card.dtype_bytes * job.seq * job.mbs * card.hidden
-    one = ring_all_gather_ms(full, job.tp, hw.intra_node_gbs, hw.intra_node_latency_us)
+    one = ring_all_gather_ms(full, job.tp, *node_link(hw, spans_nodes=False))
     return TP_COLLECTIVES * one
 
 
@@ -216,8 +216,7 @@ def link_costs(card: ModelCard, hw: HardwareCard, job: Job) -> LinkCosts:
     """
     message = card.dtype_bytes * job.seq * job.mbs * card.hidden / job.tp
     spans_nodes = job.pp * job.tp > hw.gpus_per_node
-    gbs = hw.inter_node_gbs if spans_nodes else hw.intra_node_gbs
-    latency_us = hw.inter_node_latency_us if spans_nodes else hw.intra_node_latency_us
+    gbs, latency_us = node_link(hw, spans_nodes)
     sharing = min(job.tp, hw.gpus_per_host_link)
     per_link = max(1, hw.gpus_per_host_link // job.tp)
     groups: dict[tuple[int, int], list[int]] = {}

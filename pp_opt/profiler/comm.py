@@ -44,3 +44,11 @@ def hbm_ms(nbytes: float, hw: HardwareCard) -> float:
 def gemm_ms(flops: float, hw: HardwareCard) -> float:
     """``flops`` of matrix products at the card's effective GEMM rate (ms)."""
     return 1e3 * flops / (hw.peak_flops * hw.gemm_efficiency)
+
+
+def node_link(hw: HardwareCard, spans_nodes: bool) -> tuple[float, float]:
+    """``(GB/s, latency in µs)`` of a group of GPUs: the inter-node link when the group spans
+    nodes, else the intra-node one."""
+    if spans_nodes:
+        return hw.inter_node_gbs, hw.inter_node_latency_us
+    return hw.intra_node_gbs, hw.intra_node_latency_us
