@@ -64,7 +64,9 @@ class Job:
         stage_devices(self.placement, self.pp, self.v)  # checks placement and v
         if self.activation_checkpoint not in ACTIVATION_CHECKPOINT_MODES:
             modes = " or ".join(ACTIVATION_CHECKPOINT_MODES)
-            raise ProblemError("recompute", f"unknown {self.activation_checkpoint!r}; use {modes}")
+            raise ProblemError(
+                "activation_checkpoint", f"unknown {self.activation_checkpoint!r}; use {modes}"
+            )
         if self.bytes_per_param is not None:
             bpp = self.bytes_per_param
             if isinstance(bpp, bool) or not isinstance(bpp, int | float) or not 0 <= bpp <= 1024:

@@ -9,6 +9,7 @@ from pp_opt.errors import ProblemError
 from pp_opt.schedule import Schedule
 
 FLAGS = {
+    "activation_checkpoint": "--recompute",
     "bytes_per_param": "--bytes-per-param",
     "cap": "--cap",
     "drop_offload": "--drop-offload",

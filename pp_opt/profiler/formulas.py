@@ -29,9 +29,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pp_opt.errors import ProblemError
+from pp_opt.job import ACTIVATION_CHECKPOINT_MODES
 from pp_opt.profiler.cards import ModelCard
 
-RECOMPUTE_MODES = ("none", "selective")
+RECOMPUTE_MODES = ACTIVATION_CHECKPOINT_MODES
+"""A layer's recompute modes: the job's activation checkpointing modes."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
