@@ -212,7 +212,8 @@ def _profile_from_dict(cls: type[CostProfile], data: Mapping[str, Any]) -> CostP
     info = data["profile"]
     model = model_card_from_dict(info["model"], info["model"].get("name", "model"))
     hardware = hardware_card_from_dict(info["hardware"], info["hardware"].get("name", "hardware"))
-    job = Job.from_layout_dict(info["layout"], tp_comm=bool(info.get("tp_comm", False)))
+    tp_one = info["layout"].get("tp", 1) == 1  # files without the key and tp > 1 left it out
+    job = Job.from_layout_dict(info["layout"], tp_comm=bool(info.get("tp_comm", tp_one)))
     stages = []
     for row, det in zip(data["stages"], info["stages"], strict=True):
         stages.append(StageCost(
