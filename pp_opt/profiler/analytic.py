@@ -178,12 +178,11 @@ def stage_costs(card: ModelCard, hw: HardwareCard, job: Job) -> list[StageCost]:
     last = job.stages - 1
     out = []
     for s, (d, n) in enumerate(zip(job.stage_devices, job.layers, strict=True)):
-        total = stage_total(n, layer, embedding, head, first=s == 0, last=s == last)
-        cost = StageCost(device=d, layers=n, embedding=s == 0, head=s == last,
-                         **dict(zip(keys, total, strict=True)))  # fmt: skip
+        total = dict(zip(keys, stage_total(n, layer, embedding, head, first=s == 0,
+                                           last=s == last), strict=True))  # fmt: skip
         m_in = units.m_in_first if s == 0 else units.m_in  # the first stage keeps token ids
-        cost.m_in = min(m_in, cost.m_b)
-        out.append(cost)
+        out.append(StageCost(device=d, layers=n, embedding=s == 0, head=s == last,
+                             m_in=min(m_in, total["m_b"]), **total))  # fmt: skip
     return out
 
 

@@ -27,7 +27,7 @@ from pp_opt.profiler.cards import (
 from pp_opt.profiler.comm import copy_ms
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(kw_only=True, slots=True, frozen=True)
 class StageCost:
     """Costs of one microbatch on one stage, in ms and bytes, before they become a Stage."""
 

@@ -347,13 +347,12 @@ TIMING_KEYS = {"t_f": "f", "t_b": "i", "t_w": "w", "t_bw": "b"}
 def _stage_cost(
     old: StageCost, meas: dict[str, Any], layout: Job, card: ModelCard, dtype: str
 ) -> StageCost:
-    st = StageCost(device=old.device, layers=old.layers, params=old.params,
-                   embedding=old.embedding, head=old.head)  # fmt: skip
-    for key, op in TIMING_KEYS.items():
-        setattr(st, key, meas[op]["median"])
-    st.m_b, st.m_w = meas["m_b"], meas["m_w"]
-    st.t_offload, st.t_reload = meas["copy"]["t_offload"], meas["copy"]["t_reload"]
-    st.timings = {key: meas[op] for key, op in TIMING_KEYS.items()}
+    times = {key: float(meas[op]["median"]) for key, op in TIMING_KEYS.items()}
     size = layout.seq * layout.mbs
-    st.m_in = min(8.0 * size if old.embedding else DTYPE_BYTES[dtype] * size * card.hidden, st.m_b)
-    return st
+    m_in = 8.0 * size if old.embedding else DTYPE_BYTES[dtype] * size * card.hidden
+    return StageCost(
+        device=old.device, layers=old.layers, params=old.params, embedding=old.embedding,
+        head=old.head, **times, m_b=meas["m_b"], m_w=meas["m_w"], m_in=min(m_in, meas["m_b"]),
+        t_offload=meas["copy"]["t_offload"], t_reload=meas["copy"]["t_reload"],
+        timings={key: meas[op] for key, op in TIMING_KEYS.items()},
+    )  # fmt: skip
