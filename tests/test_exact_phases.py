@@ -17,8 +17,8 @@ import pytest
 from pp_opt.dag import dag_for
 from pp_opt.ops import OpKind, Stream
 from pp_opt.orders import baseline
-from pp_opt.orders.offload_links import with_link_offloads
-from pp_opt.orders.offload_warm import raised
+from pp_opt.orders.offload.offload_links import with_link_offloads
+from pp_opt.orders.offload.offload_warm import raised
 from pp_opt.problem import uniform_problem
 from pp_opt.schedule import Status
 from pp_opt.solvers import solve

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pp_opt.errors import ProblemError
 from pp_opt.ops import OpKind
 from pp_opt.orders import baseline, baseline_names
-from pp_opt.orders.offload_warm import with_offloads
+from pp_opt.orders.offload.offload_warm import with_offloads
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule
 from pp_opt.simulator import order_of, simulate

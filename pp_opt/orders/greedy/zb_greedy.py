@@ -22,8 +22,8 @@ from pp_opt.errors import NoOrderError
 from pp_opt.ops import Stream
 from pp_opt.order import Order
 from pp_opt.orders.common import require_split_backward
-from pp_opt.orders.zb_state import EPS, DeviceState, OrderBuilder, StreamLists, Stuck
-from pp_opt.orders.zb_tune import Setting, best_order
+from pp_opt.orders.greedy.zb_state import EPS, DeviceState, OrderBuilder, StreamLists, Stuck
+from pp_opt.orders.greedy.zb_tune import Setting, best_order
 from pp_opt.problem import Problem
 
 
@@ -32,7 +32,7 @@ def zb_greedy(problem: Problem, *, deadline: float | None = None) -> Order:
 
     Every setting of :func:`loop_settings` runs (until ``deadline``, a
     ``time.perf_counter()`` value); the best that fits the caps is returned
-    (:func:`pp_opt.orders.zb_tune.best_order`). Raises :class:`NoOrderError` for a
+    (:func:`pp_opt.orders.greedy.zb_tune.best_order`). Raises :class:`NoOrderError` for a
     fused backward, another shape, or when every setting gets stuck under the caps.
     """
     require_split_backward(problem, "zb-greedy")

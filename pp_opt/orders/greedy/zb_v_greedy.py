@@ -3,8 +3,8 @@
 It starts chunk-0 forwards down and chunk-1 forwards back up, then runs rounds of
 backwards (the chunk whose gradient has arrived first) and forwards, with ``W``
 filling the waits; a second pass lets devices with little bubble wait to spare the
-others. The fixed ZB-V pattern (PyTorch's order) is :func:`.vshape.zb_v`; this is the
-cost-aware rule, tuned over its switches like the ``loop`` one (:mod:`.zb_tune`).
+others. The fixed ZB-V pattern (PyTorch's order) is
+:func:`pp_opt.orders.patterns.vshape.zb_v`; this is the cost-aware rule, tuned over its switches like the ``loop`` one (:mod:`.zb_tune`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pp_opt.errors import NoOrderError
 from pp_opt.ops import Stream
 from pp_opt.order import Order
 from pp_opt.orders.common import require_split_backward
-from pp_opt.orders.zb_state import EPS, DeviceState, OrderBuilder, StreamLists, Stuck
-from pp_opt.orders.zb_tune import Setting, best_order
+from pp_opt.orders.greedy.zb_state import EPS, DeviceState, OrderBuilder, StreamLists, Stuck
+from pp_opt.orders.greedy.zb_tune import Setting, best_order
 from pp_opt.problem import Problem
 
 

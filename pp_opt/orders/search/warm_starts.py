@@ -1,6 +1,6 @@
 """Warm starts: every registered generator's schedule that fits the problem as it is.
 
-:func:`candidates` runs the warm-start generators of :data:`~.registry.REGISTRY` in
+:func:`candidates` runs the warm-start generators of :data:`~pp_opt.orders.registry.REGISTRY` in
 their order, times each order with the simulator, keeps those that have the problem's
 placement and fit its caps, and (with offload allowed) also tries the classic and list
 schedules made without the caps with copies in their gaps. A deadline stops it early,
@@ -18,8 +18,8 @@ from pp_opt.dag import dag_for, op_count
 from pp_opt.errors import PPOptError
 from pp_opt.order import Order
 from pp_opt.orders.common import same_placement
-from pp_opt.orders.offload_links import with_link_offloads
-from pp_opt.orders.offload_warm import raised, roomy, with_offloads
+from pp_opt.orders.offload.offload_links import with_link_offloads
+from pp_opt.orders.offload.offload_warm import raised, roomy, with_offloads
 from pp_opt.orders.registry import REGISTRY, Entry
 from pp_opt.problem import Problem
 from pp_opt.runtime_rules import in_runtime_order
