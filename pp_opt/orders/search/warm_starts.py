@@ -1,6 +1,6 @@
 """Warm starts: every registered generator's schedule that fits the problem as it is.
 
-:func:`candidates` runs the warm-start generators of :data:`~pp_opt.orders.registry.REGISTRY` in
+:func:`candidates` runs the warm-start generators of :data:`~.registry.REGISTRY` in
 their order, times each order with the simulator, keeps those that have the problem's
 placement and fit its caps, and (with offload allowed) also tries the classic and list
 schedules made without the caps with copies in their gaps. A deadline stops it early,
