@@ -32,7 +32,7 @@ from pp_opt.solvers.cpsat.fixed_order import (
     promising,
 )
 from pp_opt.solvers.cpsat.model import build_model
-from pp_opt.solvers.interrupt import running_search
+from pp_opt.solvers.process.stop import running_search
 from pp_opt.validator import validate
 
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pp_opt.cards import card_infos, card_names, card_text
+from pp_opt.card_files import card_infos, card_names, card_text
 from pp_opt.errors import ProblemError
 from pp_opt.limits import MAX_VALUE
 

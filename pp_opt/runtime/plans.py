@@ -105,7 +105,7 @@ def _solve(problem: Problem, time_limit: float, threads: int, seed: int) -> Sche
     ).schedule
 
 
-def retime(schedule: Schedule, op_times: dict[str, float]) -> Schedule:
+def with_measured_times(schedule: Schedule, op_times: dict[str, float]) -> Schedule:
     """``schedule``'s op order re-timed with other op durations (e.g. those the runtime ran).
 
     ``op_times`` maps ``"{kind}{stage}"`` (``F0``, ``B1``, ``W1``, ``BW0``) to ms; costs not in

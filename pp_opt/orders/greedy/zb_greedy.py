@@ -69,112 +69,146 @@ def loop_order(
 ) -> tuple[StreamLists, float]:
     """The Zero Bubble automatic scheduler's greedy order, one stage per device (``loop``),
     and its longest device span."""
-    p, m = problem.p, problem.m
-    bld = OrderBuilder(problem, limit)
-    devs = [DeviceState(d, (d,), limit[d]) for d in range(p)]
+    rule = _LoopRule(problem, limit, prioritize_b=prioritize_b,
+                     no_bubble_greedy=no_bubble_greedy)  # fmt: skip
+    rule.warm_up(allow_bubble_before_first_b, bonus)
+    for i in range(1, problem.m):
+        rule.steady_round(i)
+    return rule.finish()
 
-    def put(j: int, kind: int) -> None:
-        dev = devs[j]
+
+class _LoopRule:
+    """The state of one run of the ``loop`` rule: the devices and the estimated times."""
+
+    def __init__(
+        self, problem: Problem, limit: list[float], *, prioritize_b: bool, no_bubble_greedy: bool
+    ) -> None:
+        self.p, self.m = problem.p, problem.m
+        self.bld = OrderBuilder(problem, limit)
+        self.devs = [DeviceState(d, (d,), limit[d]) for d in range(self.p)]
+        self.prioritize_b = prioritize_b
+        self.no_bubble_greedy = no_bubble_greedy
+
+    def put(self, j: int, kind: int) -> None:
+        dev = self.devs[j]
         after = 0.0
         if kind == 0 and j > 0:
-            after = bld.arrival(0, j - 1, dev.n(0))
-        if kind == 1 and j < p - 1:
-            after = bld.arrival(1, j + 1, dev.n(1))
+            after = self.bld.arrival(0, j - 1, dev.n(0))
+        if kind == 1 and j < self.p - 1:
+            after = self.bld.arrival(1, j + 1, dev.n(1))
         if kind == 2:
             dev.pending_w.popleft()
-        bld.put(dev, kind, j, 0, after)
+        self.bld.put(dev, kind, j, 0, after)
 
-    def max_bubble() -> float:
-        return max(d.bubble for d in devs)
+    def max_bubble(self) -> float:
+        return max(d.bubble for d in self.devs)
 
-    def fill_w(j: int, ready: float) -> None:
+    def fill_w(self, j: int, ready: float) -> None:
         """``W`` ops that fit before ``ready``, then one more if the wait is a big bubble."""
-        dev = devs[j]
-        while dev.n(2) < dev.n(1) and dev.free + bld.cost(2, j) <= ready:
-            put(j, 2)
-        big = ready - dev.free > max_bubble() - dev.bubble
-        if dev.n(2) < dev.n(1) and dev.free < ready and (big or no_bubble_greedy):
-            put(j, 2)
+        dev = self.devs[j]
+        while dev.n(2) < dev.n(1) and dev.free + self.bld.cost(2, j) <= ready:
+            self.put(j, 2)
+        big = ready - dev.free > self.max_bubble() - dev.bubble
+        if dev.n(2) < dev.n(1) and dev.free < ready and (big or self.no_bubble_greedy):
+            self.put(j, 2)
 
-    def make_room(j: int, kind: int) -> None:
-        dev = devs[j]
-        while dev.memory + bld.mem(kind, j) > dev.limit + EPS:
+    def make_room(self, j: int, kind: int) -> None:
+        dev = self.devs[j]
+        while dev.memory + self.bld.mem(kind, j) > dev.limit + EPS:
             if dev.n(2) >= dev.n(1):
                 raise Stuck
-            put(j, 2)
+            self.put(j, 2)
 
-    # Warm-up: the first microbatch down, then as many forwards as fit before its
-    # backward comes back (and memory allows), never more than the stage before.
-    for j in range(p):
-        put(j, 0)
-    extra = [0] * p
-    last = 0.0
-    for j in range(p - 1, -1, -1):
-        if j == p - 1:
-            last = bld.end[(0, j, 0)] + bld.cost(1, j)
-            continue
-        memory, busy = devs[j].memory, devs[j].free
-        while devs[j].n(0) + extra[j] < m:
-            delta = bld.mem(0, j)
-            if memory + delta > devs[j].limit + EPS:
-                break
-            if allow_bubble_before_first_b:
-                if busy + bld.cost(0, j) > last + bld.comm:
-                    break
-            elif busy >= last + bld.comm:
-                break
-            memory += delta
-            busy += bld.cost(0, j)
-            extra[j] += 1
-        last = max(busy, last + bld.comm) + bld.cost(1, j)
-    for j in range(p):
-        while j > 0 and extra[j] > 0 and extra[j] >= extra[j - 1] and devs[j].n(0) + extra[j] < m:
-            extra[j] -= 1
-    for j in range(p):
-        for _ in range(extra[j] + (bonus if j == 0 else 0)):
-            put(j, 0)
-    for j in range(p - 1, -1, -1):
-        put(j, 1)
-    # Steady state and cool-down: one forward (where useful) and one backward per round.
-    for i in range(1, m):
-        wanted = [0] * p
+    def warm_up(self, allow_bubble_before_first_b: bool, bonus: int) -> None:
+        """The first microbatch down, then as many forwards as fit before its backward comes
+        back (and memory allows), never more than the stage before; then the first
+        backwards."""
+        p = self.p
         for j in range(p):
-            dev = devs[j]
-            if dev.n(0) >= m:
+            self.put(j, 0)
+        extra = self._warm_up_forwards(allow_bubble_before_first_b)
+        for j in range(p):
+            for _ in range(extra[j] + (bonus if j == 0 else 0)):
+                self.put(j, 0)
+        for j in range(p - 1, -1, -1):
+            self.put(j, 1)
+
+    def _warm_up_forwards(self, allow_bubble_before_first_b: bool) -> list[int]:
+        """How many more forwards each device starts before its first backward."""
+        p, m, bld, devs = self.p, self.m, self.bld, self.devs
+        extra = [0] * p
+        last = 0.0
+        for j in range(p - 1, -1, -1):
+            if j == p - 1:
+                last = bld.end[(0, j, 0)] + bld.cost(1, j)
                 continue
-            if prioritize_b and j + 1 < p and dev.n(0) >= devs[j + 1].n(0) + 2:
-                nxt = devs[j + 1]
-                next_fb = nxt.free + bld.cost(0, j + 1) + bld.cost(1, j + 1) + bld.comm
-                if dev.free >= next_fb:
-                    continue
-                w_cost, w_cnt, mem_with_w = 0.0, 0, dev.memory + bld.mem(0, j)
-                while mem_with_w > dev.limit + EPS and dev.n(2) + w_cnt < dev.n(1):
-                    w_cost += bld.cost(2, j)
-                    mem_with_w += bld.mem(2, j)
-                    w_cnt += 1
-                if dev.free + bld.cost(0, j) + w_cost <= next_fb:
-                    wanted[j] = 1
-                    continue
-                if next_fb - dev.free <= max_bubble() - dev.bubble:
-                    continue
-            wanted[j] = 1
+            memory, busy = devs[j].memory, devs[j].free
+            while devs[j].n(0) + extra[j] < m:
+                delta = bld.mem(0, j)
+                if memory + delta > devs[j].limit + EPS:
+                    break
+                if allow_bubble_before_first_b:
+                    if busy + bld.cost(0, j) > last + bld.comm:
+                        break
+                elif busy >= last + bld.comm:
+                    break
+                memory += delta
+                busy += bld.cost(0, j)
+                extra[j] += 1
+            last = max(busy, last + bld.comm) + bld.cost(1, j)
+        for j in range(p):
+            while (
+                j > 0 and extra[j] > 0 and extra[j] >= extra[j - 1] and devs[j].n(0) + extra[j] < m
+            ):
+                extra[j] -= 1
+        return extra
+
+    def _wants_forward(self, j: int) -> bool:
+        """Whether device ``j`` runs a forward this round (before its backward)."""
+        dev, bld = self.devs[j], self.bld
+        if dev.n(0) >= self.m:
+            return False
+        if self.prioritize_b and j + 1 < self.p and dev.n(0) >= self.devs[j + 1].n(0) + 2:
+            nxt = self.devs[j + 1]
+            next_fb = nxt.free + bld.cost(0, j + 1) + bld.cost(1, j + 1) + bld.comm
+            if dev.free >= next_fb:
+                return False
+            w_cost, w_cnt, mem_with_w = 0.0, 0, dev.memory + bld.mem(0, j)
+            while mem_with_w > dev.limit + EPS and dev.n(2) + w_cnt < dev.n(1):
+                w_cost += bld.cost(2, j)
+                mem_with_w += bld.mem(2, j)
+                w_cnt += 1
+            if dev.free + bld.cost(0, j) + w_cost <= next_fb:
+                return True
+            if next_fb - dev.free <= self.max_bubble() - dev.bubble:
+                return False
+        return True
+
+    def steady_round(self, i: int) -> None:
+        """Steady state and cool-down: one forward (where useful) and one backward per round."""
+        p, devs = self.p, self.devs
+        wanted = [1 if self._wants_forward(j) else 0 for j in range(p)]
         for j in range(p - 2, -1, -1):
             wanted[j] = min(wanted[j], wanted[j + 1])
         for j in range(p):
             if wanted[j]:
-                make_room(j, 0)
+                self.make_room(j, 0)
                 if j > 0:
-                    fill_w(j, bld.arrival(0, j - 1, devs[j].n(0)))
-                put(j, 0)
+                    self.fill_w(j, self.bld.arrival(0, j - 1, devs[j].n(0)))
+                self.put(j, 0)
         for j in range(p - 1, -1, -1):
-            make_room(j, 1)
+            self.make_room(j, 1)
             if j + 1 < p:
-                fill_w(j, bld.arrival(1, j + 1, i))
-            if j == 0 and devs[j].n(0) == m:
+                self.fill_w(j, self.bld.arrival(1, j + 1, i))
+            if j == 0 and devs[j].n(0) == self.m:
                 while devs[j].n(2) < devs[j].n(1):
-                    put(j, 2)
-            put(j, 1)
-    for j in range(p):
-        while devs[j].n(2) < m:
-            put(j, 2)
-    return {(d.device, Stream.COMPUTE): d.ops for d in devs}, max(d.span() for d in devs)
+                    self.put(j, 2)
+            self.put(j, 1)
+
+    def finish(self) -> tuple[StreamLists, float]:
+        """The remaining ``W`` ops; the per-device orders and the longest span."""
+        for j in range(self.p):
+            while self.devs[j].n(2) < self.m:
+                self.put(j, 2)
+        devs = self.devs
+        return {(d.device, Stream.COMPUTE): d.ops for d in devs}, max(d.span() for d in devs)

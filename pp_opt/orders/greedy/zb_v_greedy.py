@@ -4,7 +4,8 @@ It starts chunk-0 forwards down and chunk-1 forwards back up, then runs rounds o
 backwards (the chunk whose gradient has arrived first) and forwards, with ``W``
 filling the waits; a second pass lets devices with little bubble wait to spare the
 others. The fixed ZB-V pattern (PyTorch's order) is
-:func:`pp_opt.orders.patterns.vshape.zb_v`; this is the cost-aware rule, tuned over its switches like the ``loop`` one (:mod:`.zb_tune`).
+:func:`pp_opt.orders.patterns.vshape.zb_v`; this is the cost-aware rule, tuned over its
+switches like the ``loop`` one (:mod:`.zb_tune`).
 """
 
 from __future__ import annotations
@@ -87,130 +88,159 @@ def _v_search(
     return order, bubble, span
 
 
-def _v_pass(  # noqa: C901 - one greedy pass, kept close to the paper's
+def _v_pass(
     problem: Problem,
     limit: list[float],
     fill_f: bool,
     fill_b: bool,
     approved: list[float] | None,
 ) -> tuple[StreamLists, list[float], float]:
-    p, m = problem.p, problem.m
-    bld = OrderBuilder(problem, limit)
-    devs = [DeviceState(d, (d, 2 * p - 1 - d), limit[d]) for d in range(p)]
-    approved = approved or [-1.0] * p
-    top_approved = max(approved)
+    """One greedy pass (kept close to the paper's): warm-up, then rounds, then the last
+    ``W`` ops; the order, each device's bubble and the longest span."""
+    rule = _VRule(problem, limit, approved)
+    rule.warm_up()
+    for _ in range(2 * problem.m):
+        rule.round(fill_f, fill_b)
+    return rule.finish()
 
-    def stage(d: int, kind: int, lane: int) -> int:
+
+class _VRule:
+    """The state of one pass of the ``v`` rule: the devices and the estimated times."""
+
+    def __init__(self, problem: Problem, limit: list[float], approved: list[float] | None) -> None:
+        p = self.p = problem.p
+        self.m = problem.m
+        self.bld = OrderBuilder(problem, limit)
+        self.devs = [DeviceState(d, (d, 2 * p - 1 - d), limit[d]) for d in range(p)]
+        self.approved = approved or [-1.0] * p
+        self.top_approved = max(self.approved)
+
+    def stage(self, d: int, kind: int, lane: int) -> int:
         chunk = lane if kind == 0 else 1 - lane
-        return devs[d].stages[chunk]
+        return self.devs[d].stages[chunk]
 
-    def put(d: int, kind: int, lane: int) -> None:
-        dev = devs[d]
+    def put(self, d: int, kind: int, lane: int) -> None:
+        dev = self.devs[d]
         j = dev.n(kind, lane)
         after = 0.0
-        if kind < 2 and lane == 1 and d < p - 1:
-            after = bld.arrival(kind, stage(d + 1, kind, 1), j)
+        if kind < 2 and lane == 1 and d < self.p - 1:
+            after = self.bld.arrival(kind, self.stage(d + 1, kind, 1), j)
         if kind < 2 and lane == 0 and d > 0:
-            after = bld.arrival(kind, stage(d - 1, kind, 0), j)
-        bld.put(dev, kind, stage(d, kind, lane), lane, after)
+            after = self.bld.arrival(kind, self.stage(d - 1, kind, 0), j)
+        self.bld.put(dev, kind, self.stage(d, kind, lane), lane, after)
 
-    def put_w(d: int) -> None:
-        if not devs[d].pending_w:
+    def put_w(self, d: int) -> None:
+        if not self.devs[d].pending_w:
             raise Stuck
-        lane, _ = devs[d].pending_w.popleft()
-        put(d, 2, lane)
+        lane, _ = self.devs[d].pending_w.popleft()
+        self.put(d, 2, lane)
 
-    def max_bubble(d: int = -1) -> float:
-        worst = max(dev.bubble for dev in devs)
-        return max(worst, top_approved - approved[d]) if d >= 0 else worst
+    def max_bubble(self, d: int = -1) -> float:
+        worst = max(dev.bubble for dev in self.devs)
+        return max(worst, self.top_approved - self.approved[d]) if d >= 0 else worst
 
-    def source_end(d: int, kind: int, lane: int) -> float | None:
+    def source_end(self, d: int, kind: int, lane: int) -> float | None:
         """Estimated end of the op feeding ``d``'s next (kind, lane) op, if placed."""
-        j = devs[d].n(kind, lane)
-        if lane == 1 and d < p - 1:
-            return bld.end.get((kind, stage(d + 1, kind, 1), j))
+        j = self.devs[d].n(kind, lane)
+        if lane == 1 and d < self.p - 1:
+            return self.bld.end.get((kind, self.stage(d + 1, kind, 1), j))
         if lane == 0 and d > 0:
-            return bld.end.get((kind, stage(d - 1, kind, 0), j))
+            return self.bld.end.get((kind, self.stage(d - 1, kind, 0), j))
         return None
 
-    def fill(d: int, kind: int, lane: int, flag: bool) -> None:
-        dev = devs[d]
-        ready = source_end(d, kind, lane)
+    def fill(self, d: int, kind: int, lane: int, flag: bool) -> None:
+        dev, bld = self.devs[d], self.bld
+        ready = self.source_end(d, kind, lane)
         if ready is None:
             return
         ready += bld.comm
-        while dev.pending_w and ready >= dev.free + bld.cost(2, stage(d, 2, dev.pending_w[0][0])):
-            put_w(d)
-        if dev.pending_w and ready - dev.free > max_bubble(d) - dev.bubble and flag:
-            put_w(d)
-
-    def f_mem(d: int, lane: int) -> float:
-        return bld.mem(0, stage(d, 0, lane))
-
-    # Warm-up: chunk-0 forwards down; going back up, each device adds forwards (and
-    # those of all devices above it) while memory and the returning wave allow.
-    for d in range(p):
-        put(d, 0, 0)
-    for d in range(p - 1, -1, -1):
-        if d == p - 1:
-            put(d, 0, 1)
-            continue
-        ready = bld.end[(0, stage(d + 1, 0, 1), 0)] + bld.comm
-        dev = devs[d]
-        while (
-            dev.memory + f_mem(d, 0) * (2 + 2 * d) <= dev.limit + EPS
-            and dev.free + bld.cost(0, stage(d, 0, 0)) <= ready
-            and dev.n(0, 0) < m
+        while dev.pending_w and ready >= dev.free + bld.cost(
+            2, self.stage(d, 2, dev.pending_w[0][0])
         ):
-            for e in range(d + 1):
-                put(e, 0, 0)
-        put(d, 0, 1)
-    lane = 0
-    for d in range(1, p):
-        prev, dev = devs[d - 1], devs[d]
-        while (dev.n(0, 0) + dev.n(0, 1) < prev.n(0, 0) + prev.n(0, 1)
-               or dev.n(0, 1) <= prev.n(0, 1) < m):  # fmt: skip
-            for e in range(p - 1, d - 1, -1):
-                if devs[e].n(0, lane) < m:
-                    put(e, 0, lane)
-            lane = 1 - lane
-    # Rounds: a backward on every device (the lane whose gradient arrives first), then
-    # a forward where one is ready; W ops fill waits and make room.
-    for _ in range(2 * m):
+            self.put_w(d)
+        if dev.pending_w and ready - dev.free > self.max_bubble(d) - dev.bubble and flag:
+            self.put_w(d)
+
+    def f_mem(self, d: int, lane: int) -> float:
+        return self.bld.mem(0, self.stage(d, 0, lane))
+
+    def warm_up(self) -> None:
+        """Chunk-0 forwards down; going back up, each device adds forwards (and those of
+        all devices above it) while memory and the returning wave allow."""
+        p, m, devs, bld = self.p, self.m, self.devs, self.bld
         for d in range(p):
-            while devs[d].memory + bld.mem(1, stage(d, 1, 0)) > devs[d].limit + EPS:
-                put_w(d)
+            self.put(d, 0, 0)
+        for d in range(p - 1, -1, -1):
+            if d == p - 1:
+                self.put(d, 0, 1)
+                continue
+            ready = bld.end[(0, self.stage(d + 1, 0, 1), 0)] + bld.comm
+            dev = devs[d]
+            while (
+                dev.memory + self.f_mem(d, 0) * (2 + 2 * d) <= dev.limit + EPS
+                and dev.free + bld.cost(0, self.stage(d, 0, 0)) <= ready
+                and dev.n(0, 0) < m
+            ):
+                for e in range(d + 1):
+                    self.put(e, 0, 0)
+            self.put(d, 0, 1)
+        lane = 0
+        for d in range(1, p):
+            prev, dev = devs[d - 1], devs[d]
+            while (dev.n(0, 0) + dev.n(0, 1) < prev.n(0, 0) + prev.n(0, 1)
+                   or dev.n(0, 1) <= prev.n(0, 1) < m):  # fmt: skip
+                for e in range(p - 1, d - 1, -1):
+                    if devs[e].n(0, lane) < m:
+                        self.put(e, 0, lane)
+                lane = 1 - lane
+
+    def round(self, fill_f: bool, fill_b: bool) -> None:
+        """A backward on every device (the lane whose gradient arrives first), then a
+        forward where one is ready; ``W`` ops fill waits and make room."""
+        p, m, devs, bld = self.p, self.m, self.devs, self.bld
+        for d in range(p):
+            while devs[d].memory + bld.mem(1, self.stage(d, 1, 0)) > devs[d].limit + EPS:
+                self.put_w(d)
         b0, b1 = [], []
         for d in range(p):
             dev = devs[d]
             if dev.n(1, 1) >= dev.n(1, 0):
                 b0.append(d)
-            elif d == p - 1 or dev.n(1, 0) >= m or (1, stage(d + 1, 1, 1), dev.n(1, 1)) in bld.end:
+            elif (d == p - 1 or dev.n(1, 0) >= m
+                  or (1, self.stage(d + 1, 1, 1), dev.n(1, 1)) in bld.end):  # fmt: skip
                 b1.append(d)
             else:
                 b0.append(d)
         for d, b_lane in [(d, 1) for d in reversed(b1)] + [(d, 0) for d in b0]:
-            fill(d, 1, b_lane, b_lane == 1 or fill_b)
-            put(d, 1, b_lane)
+            self.fill(d, 1, b_lane, b_lane == 1 or fill_b)
+            self.put(d, 1, b_lane)
         for d in range(p):
-            dev = devs[d]
-            if dev.n(0, 1) >= m:
-                continue
-            f_lane = None
-            if dev.n(0, 1) >= dev.n(0, 0):
-                f_lane = 0
-            elif d == p - 1 or (0, stage(d + 1, 0, 1), dev.n(0, 1)) in bld.end:
-                f_lane = 1
-            elif dev.n(0, 0) < m and (d == 0 or (0, d - 1, dev.n(0, 0)) in bld.end):
-                f_lane = 0
+            f_lane = self._forward_lane(d)
             if f_lane is None:
                 continue
-            while dev.memory + f_mem(d, f_lane) > dev.limit + EPS:
-                put_w(d)
-            fill(d, 0, f_lane, fill_f)
-            put(d, 0, f_lane)
-    for d in range(p):
-        while devs[d].pending_w:
-            put_w(d)
-    order = {(dev.device, Stream.COMPUTE): dev.ops for dev in devs}
-    return order, [dev.bubble for dev in devs], max(dev.span() for dev in devs)
+            while devs[d].memory + self.f_mem(d, f_lane) > devs[d].limit + EPS:
+                self.put_w(d)
+            self.fill(d, 0, f_lane, fill_f)
+            self.put(d, 0, f_lane)
+
+    def _forward_lane(self, d: int) -> int | None:
+        """The lane of device ``d``'s forward this round, or None (none is ready)."""
+        dev, m = self.devs[d], self.m
+        if dev.n(0, 1) >= m:
+            return None
+        if dev.n(0, 1) >= dev.n(0, 0):
+            return 0
+        if d == self.p - 1 or (0, self.stage(d + 1, 0, 1), dev.n(0, 1)) in self.bld.end:
+            return 1
+        if dev.n(0, 0) < m and (d == 0 or (0, d - 1, dev.n(0, 0)) in self.bld.end):
+            return 0
+        return None
+
+    def finish(self) -> tuple[StreamLists, list[float], float]:
+        """The remaining ``W`` ops; the order, each device's bubble and the longest span."""
+        devs = self.devs
+        for d in range(self.p):
+            while devs[d].pending_w:
+                self.put_w(d)
+        order = {(dev.device, Stream.COMPUTE): dev.ops for dev in devs}
+        return order, [dev.bubble for dev in devs], max(dev.span() for dev in devs)

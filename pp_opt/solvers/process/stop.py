@@ -1,19 +1,22 @@
 """Ending a running search early and cleanly, keeping the best schedule it found.
 
-Two things stop a search before its time limit:
+Three things stop a search before its time limit:
 
-- a signal, once the command line has installed :func:`stop_on_signals` (SIGINT from
-  Ctrl-C, SIGTERM from a job scheduler): the first asks every running search to stop
-  and keeps the best schedule; a second one raises ``KeyboardInterrupt`` (abort);
+- a :class:`StopToken` the caller created and passed in (``pp_opt.solve(..., stop=token)``):
+  ``token.request(reason)`` from any thread stops every search running under it, and
+  every search that starts under it later;
+- a signal, once the command line has installed :func:`stop_on_signals` with its token
+  (SIGINT from Ctrl-C, SIGTERM from a job scheduler): the first requests the token (every
+  running search stops and keeps its best schedule); a second one raises
+  ``KeyboardInterrupt`` (abort);
 - a progress callback that raises: :func:`guarded` catches the error where the solver
   called it (inside OR-Tools, a CBC log watcher or a HiGHS callback, where an exception
   would abort the process or be lost), stops the search and logs the error.
 
-Each backend runs its search inside :func:`running_search` and registers how to stop it
-(:meth:`Search.on_stop`): CP-SAT's ``stop_search``, SIGINT to the CBC child process,
-HiGHS's ``cancelSolve``. Signal handlers are process-wide by nature, so the searches
-running now are kept in a module-level list (guarded by a lock); the library installs
-no handler by itself.
+Each backend runs its search inside :func:`running_search` with the solve's token and
+registers how to stop it (:meth:`Search.on_stop`): CP-SAT's ``stop_search``, SIGINT to
+the CBC child process, HiGHS's ``cancelSolve``. The library installs no signal handler by
+itself.
 """
 
 from __future__ import annotations
@@ -25,23 +28,52 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
-
-from pp_opt.solvers.base import Progress, ProgressCallback
+from typing import TypeVar
 
 log = logging.getLogger(__name__)
 
-_lock = threading.Lock()
-_active: list[Search] = []
-_requested: list[str] = []
-"""Why the process was asked to stop (the first reason), while :func:`stop_on_signals`
-is active; searches that start afterwards stop at once."""
+U = TypeVar("U")
+"""What a progress callback is called with (:class:`pp_opt.solvers.base.Progress`)."""
+
+
+class StopToken:
+    """A request to end a solve (or a plan) early, keeping the best schedule found.
+
+    The caller creates one, passes it in (``pp_opt.solve(problem, stop=token)``) and calls
+    :meth:`request` from anywhere (a signal handler's thread, a progress callback, another
+    thread). Only the first reason is kept. Thread-safe; not picklable (it lives in the
+    process that created it: a child process gets its own, relayed over its pipe).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reason: str | None = None
+        self._searches: list[Search] = []
+
+    @property
+    def requested(self) -> str | None:
+        """Why a stop was requested (the first reason), or None while none was."""
+        with self._lock:
+            return self._reason
+
+    def request(self, reason: str) -> None:
+        """Stop every search running under this token, and every one that starts later."""
+        with self._lock:
+            if self._reason is None:
+                self._reason = reason
+            searches = list(self._searches)
+        for search in searches:
+            search.stop(reason)
 
 
 class Search:
     """One running search: how to stop it, and why it was stopped (None while it runs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, token: StopToken | None = None) -> None:
+        self.token = token if token is not None else StopToken()
+        """The token the search runs under (its own when none was given)."""
         self.reason: str | None = None
+        self._lock = threading.Lock()
         self._hooks: list[Callable[[], None]] = []
 
     @property
@@ -50,7 +82,7 @@ class Search:
 
     def on_stop(self, hook: Callable[[], None]) -> None:
         """Call ``hook`` when the search is asked to stop (now, if it was already)."""
-        with _lock:
+        with self._lock:
             self._hooks.append(hook)
             fire = self.reason is not None
         if fire:
@@ -58,7 +90,7 @@ class Search:
 
     def stop(self, reason: str) -> None:
         """Ask the search to stop (the first reason is kept); calls every hook once."""
-        with _lock:
+        with self._lock:
             if self.reason is not None:
                 return
             self.reason = reason
@@ -76,68 +108,35 @@ def _call(hook: Callable[[], None]) -> None:
 
 
 @contextlib.contextmanager
-def running_search() -> Iterator[Search]:
-    """A :class:`Search` that signals reach while the block runs."""
-    search = Search()
-    with _lock:
-        _active.append(search)
-        pending = _requested[0] if _requested else None
+def running_search(token: StopToken | None = None) -> Iterator[Search]:
+    """A :class:`Search` that ``token`` stops while the block runs (at once when it was
+    requested already); with no token, one that only its own hooks and callbacks stop."""
+    search = Search(token)
+    token = search.token
+    with token._lock:
+        token._searches.append(search)
+        pending = token._reason
     if pending is not None:
         search.stop(pending)
     try:
         yield search
     finally:
-        with _lock:
-            _active.remove(search)
+        with token._lock:
+            token._searches.remove(search)
 
 
-def request_stop(reason: str) -> None:
-    """Ask every running search (and every search that starts later) to stop."""
-    with _lock:
-        if not _requested:
-            _requested.append(reason)
-        searches = list(_active)
-    for search in searches:
-        search.stop(reason)
-
-
-def stop_requested() -> str | None:
-    """Why the process was asked to stop, or None."""
-    with _lock:
-        return _requested[0] if _requested else None
-
-
-def handling_signals() -> bool:
-    """Whether :func:`stop_on_signals` is active (backends then leave SIGINT to it)."""
-    return _scope_depth[0] > 0
-
-
-_scope_depth = [0]
-
-
-@contextlib.contextmanager
-def relayed_signals() -> Iterator[None]:
-    """Signals are handled elsewhere and arrive as :func:`request_stop` calls (in the child
-    process of :mod:`pp_opt.solvers.isolation`): backends leave SIGINT alone, as under
-    :func:`stop_on_signals`."""
-    _scope_depth[0] += 1
-    try:
-        yield
-    finally:
-        _scope_depth[0] -= 1
-
-
-def guarded(progress: ProgressCallback | None, search: Search) -> ProgressCallback | None:
+def guarded(progress: Callable[[U], None] | None, search: Search) -> Callable[[U], None] | None:
     """``progress`` wrapped so that an error in it stops ``search`` instead of escaping.
 
     After the first error the callback is not called again; the error is logged and kept
-    as the search's stop reason.
+    as the search's stop reason. A ``KeyboardInterrupt`` in it stops the whole solve (the
+    search's token).
     """
     if progress is None:
         return None
     failed: list[BaseException] = []
 
-    def report(update: Progress) -> None:
+    def report(update: U) -> None:
         if failed:
             return
         try:
@@ -148,25 +147,69 @@ def guarded(progress: ProgressCallback | None, search: Search) -> ProgressCallba
             log.warning("%s; stopping the search, keeping the best schedule", reason)
             search.stop(reason)
             if isinstance(err, KeyboardInterrupt):
-                request_stop("interrupted")
+                search.token.request("interrupted")
 
     return report
 
 
+_scope_depth = [0]
+"""How many :func:`stop_on_signals` / :func:`relayed_signals` scopes are open in this
+process (signal handlers are process-wide, so this is process state by nature)."""
+
+_signal_tokens: list[StopToken] = []
+"""The tokens the open :func:`stop_on_signals` scopes request, innermost last."""
+
+
+def handling_signals() -> bool:
+    """Whether :func:`stop_on_signals` is active (backends then leave SIGINT to it)."""
+    return _scope_depth[0] > 0
+
+
+def signal_token() -> StopToken | None:
+    """The token the innermost :func:`stop_on_signals` requests on a signal, or None.
+
+    For callers that do not pass a token yet (the planner): ``pp_opt.solve`` without
+    ``stop=`` runs under it, so a Ctrl-C still reaches a solve the planner started.
+    """
+    return _signal_tokens[-1] if _signal_tokens else None
+
+
+def stop_requested() -> str | None:
+    """Why the token of :func:`signal_token` was requested, or None (also with no scope).
+
+    Kept for the planner until it takes a :class:`StopToken` and reads ``token.requested``.
+    """
+    token = signal_token()
+    return None if token is None else token.requested
+
+
+@contextlib.contextmanager
+def relayed_signals() -> Iterator[None]:
+    """Signals are handled elsewhere and arrive as stop requests (in the child process of
+    :mod:`pp_opt.solvers.process.isolation`): backends leave SIGINT alone, as under
+    :func:`stop_on_signals`."""
+    _scope_depth[0] += 1
+    try:
+        yield
+    finally:
+        _scope_depth[0] -= 1
+
+
 @contextlib.contextmanager
 def stop_on_signals(
+    token: StopToken,
     signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM),
-) -> Iterator[None]:
-    """SIGINT/SIGTERM end the running search cleanly (first) or abort (second).
+) -> Iterator[StopToken]:
+    """SIGINT/SIGTERM request ``token`` (first) or abort (second); yields ``token``.
 
-    For the command line: on the first signal every search stops at once and keeps its
-    best schedule (even while the main thread is inside native solver code: a watcher
-    thread woken through ``signal.set_wakeup_fd`` does the stopping); the run then goes
-    on to save it. A second signal raises ``KeyboardInterrupt`` in the main thread. Does
-    nothing outside the main thread.
+    For the command line: on the first signal every search running under ``token`` stops
+    at once and keeps its best schedule (even while the main thread is inside native
+    solver code: a watcher thread woken through ``signal.set_wakeup_fd`` does the
+    requesting); the run then goes on to save it. A second signal raises
+    ``KeyboardInterrupt`` in the main thread. Installs nothing outside the main thread.
     """
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield token
         return
     count = [0]
 
@@ -179,17 +222,15 @@ def stop_on_signals(
     os.set_blocking(write_fd, False)
     previous = {sig: signal.signal(sig, on_signal) for sig in signals}
     old_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-    watcher = threading.Thread(target=_watch, args=(read_fd,), daemon=True)
+    watcher = threading.Thread(target=_watch, args=(read_fd, token), daemon=True)
     watcher.start()
     _scope_depth[0] += 1
-    with _lock:
-        _requested.clear()
+    _signal_tokens.append(token)
     try:
-        yield
+        yield token
     finally:
+        _signal_tokens.remove(token)
         _scope_depth[0] -= 1
-        with _lock:
-            _requested.clear()
         signal.set_wakeup_fd(old_wakeup)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -198,8 +239,8 @@ def stop_on_signals(
         os.close(read_fd)
 
 
-def _watch(read_fd: int) -> None:
-    """Turn each signal byte written to the wakeup pipe into a stop request."""
+def _watch(read_fd: int, token: StopToken) -> None:
+    """Turn the first signal byte written to the wakeup pipe into a request of ``token``."""
     seen = 0
     while True:
         try:
@@ -215,4 +256,4 @@ def _watch(read_fd: int) -> None:
             except ValueError:
                 name = str(signum)
             if seen == 1:
-                request_stop(f"interrupted by {name}")
+                token.request(f"interrupted by {name}")
