@@ -152,18 +152,10 @@ def solve(
                                     started + WARM_START_SHARE * time_limit)  # fmt: skip
     bound = lower_bound(problem, options.objective, offload_fractions=fractions)
     fluid = _fluid(problem, options, bound, end)
-    if fluid is not None:
-        bound = max(bound, fluid.value)
+    bound = bound if fluid is None else max(bound, fluid.value)
     result = _backend_phase(solver, problem, options, bound, end, fluid=fluid is not None)
-    found = _checked(problem, result, solver)
-    if result.bound is not None:
-        bound = max(bound, result.bound)
-    chosen = _better(found, warm)
-    if chosen is None:
-        raise TimeLimitError(
-            "time_limit",
-            f"{solver} found no schedule in {time_limit:g} s ({result.status}); raise it",
-        )
+    bound = bound if result.bound is None else max(bound, result.bound)
+    chosen = _better(_checked(problem, result, solver), warm, solver, result.status, time_limit)
     searched = _search_phase(solver, chosen, options, bound, started, end)
     return _result(solver, searched, options, bound, result, warm, fluid,
                    seconds=time.perf_counter() - started)  # fmt: skip
@@ -227,10 +219,18 @@ def _backend_phase(
     return _run_backend(solver, problem, dag_for(problem), options, end, share=share)
 
 
-def _better(found: Schedule | None, warm: Warm) -> Schedule | None:
-    """The backend's schedule, or the warm start where that is better or nothing was found."""
+def _better(
+    found: Schedule | None, warm: Warm, solver: str, status: Status, time_limit: float
+) -> Schedule:
+    """The backend's schedule, or the warm start where that is better or nothing was found;
+    raises :class:`TimeLimitError` when there is neither."""
     if warm is not None and (found is None or _value(warm[1]) < _value(found) - 1e-9):
         return warm[1]
+    if found is None:
+        raise TimeLimitError(
+            "time_limit",
+            f"{solver} found no schedule in {time_limit:g} s ({status}); raise it",
+        )
     return found
 
 
