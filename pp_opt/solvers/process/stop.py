@@ -65,6 +65,16 @@ class StopToken:
         for search in searches:
             search.stop(reason)
 
+    def _attach(self, search: Search) -> str | None:
+        """Stop ``search`` with the others from now on; the reason if one was requested."""
+        with self._lock:
+            self._searches.append(search)
+            return self._reason
+
+    def _detach(self, search: Search) -> None:
+        with self._lock:
+            self._searches.remove(search)
+
 
 class Search:
     """One running search: how to stop it, and why it was stopped (None while it runs)."""
@@ -112,17 +122,13 @@ def running_search(token: StopToken | None = None) -> Iterator[Search]:
     """A :class:`Search` that ``token`` stops while the block runs (at once when it was
     requested already); with no token, one that only its own hooks and callbacks stop."""
     search = Search(token)
-    token = search.token
-    with token._lock:
-        token._searches.append(search)
-        pending = token._reason
+    pending = search.token._attach(search)
     if pending is not None:
         search.stop(pending)
     try:
         yield search
     finally:
-        with token._lock:
-            token._searches.remove(search)
+        search.token._detach(search)
 
 
 def guarded(progress: Callable[[U], None] | None, search: Search) -> Callable[[U], None] | None:
