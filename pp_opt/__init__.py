@@ -34,7 +34,7 @@ from pp_opt.profiler import profile_problem
 from pp_opt.schedule import Schedule, Status
 from pp_opt.schedule_io import load_schedule, save_schedule
 from pp_opt.simulator import order_of, retime, simulate
-from pp_opt.solvers import SolveOptions, SolveResult, StopToken, solve
+from pp_opt.solvers import SolveResult, StopToken, solve
 from pp_opt.validator import ValidationError, Violation, check_schedule, validate
 
 __version__ = "0.1.0"
@@ -52,7 +52,6 @@ __all__ = [
     "Problem",
     "ProblemError",
     "Schedule",
-    "SolveOptions",
     "SolveResult",
     "Stage",
     "Status",

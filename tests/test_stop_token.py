@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pp_opt import ProblemError, SolveOptions, StopToken, load_problem, solve, validate
+from pp_opt import ProblemError, StopToken, load_problem, solve, validate
+from pp_opt.solvers import SolveOptions
 from pp_opt.solvers.process.stop import running_search
 
 SMALL = Path(__file__).resolve().parent.parent / "examples" / "small.toml"
