@@ -46,7 +46,7 @@ from pp_opt.profiler import (
 from pp_opt.schedule import Schedule, Status
 from pp_opt.schedule_io import load_schedule, save_schedule
 from pp_opt.simulator import order_of, retime, simulate
-from pp_opt.solvers import SolveResult, solve
+from pp_opt.solvers import SolveResult, StopToken, solve
 from pp_opt.validator import ValidationError, Violation, check_schedule, validate
 
 __version__ = "0.1.0"
@@ -76,6 +76,7 @@ __all__ = [
     "SolveResult",
     "Stage",
     "Status",
+    "StopToken",
     "TimeLimitError",
     "ValidationError",
     "Variant",

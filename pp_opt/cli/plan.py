@@ -146,7 +146,7 @@ def plan(
     for path in (output, schedule, torch_csv, plot):
         if path is not None and (path != schedule or best is not None):
             say(f"wrote {path}")
-    from pp_opt.solvers.interrupt import stop_requested
+    from pp_opt.solvers.process.stop import stop_requested
 
     reason = stop_requested()
     if reason is not None:

@@ -62,7 +62,7 @@ def profile(
 
 def models() -> None:
     """List the bundled model and hardware cards (use their names with --model/--hardware)."""
-    from pp_opt.cards import card_infos
+    from pp_opt.card_files import card_infos
 
     infos = card_infos()
     width = max(len(info.name) for info in infos)

@@ -24,7 +24,7 @@ from pp_opt.planner.result import Plan
 from pp_opt.planner.search import ProgressFn, refine, solve_survivors
 from pp_opt.planner.space import Enumeration, enumerate_configs
 from pp_opt.profiler.cards import HardwareCard, ModelCard, load_hardware_card, load_model_card
-from pp_opt.solvers.interrupt import stop_requested
+from pp_opt.solvers.process.stop import stop_requested
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from pp_opt.planner.config import Candidate, PlanInputs
 from pp_opt.planner.evaluate import EvaluationTask, Scored
 from pp_opt.planner.executors import Executor
 from pp_opt.planner.problems import Bounded
-from pp_opt.solvers.interrupt import stop_requested
+from pp_opt.solvers.process.stop import stop_requested
 
 log = logging.getLogger(__name__)
 

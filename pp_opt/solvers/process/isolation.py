@@ -50,7 +50,7 @@ import networkx as nx
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule, Status
 from pp_opt.solvers.base import BackendResult, SolveOptions
-from pp_opt.solvers.interrupt import Search
+from pp_opt.solvers.process.stop import Search, StopToken
 
 if TYPE_CHECKING:
     from pp_opt.solvers.fluid import FluidBound
@@ -111,7 +111,7 @@ class _Child:
         mine, theirs = socket.socketpair()
         code = (
             f"import sys; sys.path[:0] = {[p for p in sys.path if p]!r}; "
-            "from pp_opt.solvers.child import main; main()"
+            "from pp_opt.solvers.process.child import main; main()"
         )
         try:
             self.process = subprocess.Popen(
@@ -195,11 +195,12 @@ class Session:
         grace periods; other messages go to ``on_message``; stopping ``search`` stops the
         child's. Raises :class:`_ChildDied`."""
         child = self.start()
-        search.on_stop(lambda: child.send(("stop", search.reason or "stopped")))
         # The wall clock of the sending (shared by both processes) lets the child take the
         # transfer of a large job out of its own time.
         sent = (seconds, time.time())
         child.send(("job", *job, sent, logging.getLogger("pp_opt").getEffectiveLevel()))
+        # After the job: the child relays a stop to the job it received last.
+        search.on_stop(lambda: child.send(("stop", search.reason or "stopped")))
         try:
             return self._wait(child, name, time.perf_counter() + seconds, on_message)
         except _ChildDied as died:
@@ -332,11 +333,11 @@ def run_isolated(
     session = _usable(_session.get())
     if session is None:
         return backend()(problem, dag, options)
-    from pp_opt.solvers.interrupt import guarded, running_search
+    from pp_opt.solvers.process.stop import guarded, running_search
 
     started = time.perf_counter()
-    shipped = dataclasses.replace(options, progress=None)
-    with running_search() as search:
+    shipped = dataclasses.replace(options, progress=None, stop=None)  # the child has its own
+    with running_search(options.stop) as search:
         report = guarded(options.progress, search)
 
         def on_message(kind: str, payload: Any) -> None:
@@ -394,19 +395,19 @@ def improve_isolated(
 
 
 def fluid_isolated(
-    problem: Problem, *, lower: float, upper: float, seconds: float
+    problem: Problem, *, lower: float, upper: float, seconds: float, stop: StopToken | None = None
 ) -> FluidBound | None:
     """:func:`pp_opt.solvers.fluid.fluid_bound` (HiGHS, native) in the solve's child process
-    (in this one when there is none); a dead child gives no bound."""
+    (in this one when there is none); a dead child gives no bound; ``stop`` ends it."""
     session = _usable(_session.get())
     if session is None:
         from pp_opt.solvers.fluid import fluid_bound
 
         deadline = time.perf_counter() + seconds
         return fluid_bound(problem, lower=lower, upper=upper, deadline=deadline)
-    from pp_opt.solvers.interrupt import running_search
+    from pp_opt.solvers.process.stop import running_search
 
-    with running_search() as search:
+    with running_search(stop) as search:
         try:
             found: FluidBound | None = session.run(
                 ("fluid", problem, lower, upper), name="fluid bound", seconds=seconds,

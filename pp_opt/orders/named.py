@@ -16,7 +16,7 @@ from dataclasses import replace
 from pp_opt.bounds import lower_bound
 from pp_opt.errors import InfeasibleError
 from pp_opt.orders.registry import REGISTRY, get
-from pp_opt.orders.warm_starts import candidates
+from pp_opt.orders.search.warm_starts import candidates
 from pp_opt.problem import Problem
 from pp_opt.runtime_rules import in_runtime_order
 from pp_opt.schedule import Schedule, SolverInfo, Status

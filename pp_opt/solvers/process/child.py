@@ -1,11 +1,12 @@
-"""The child process of :mod:`pp_opt.solvers.isolation`: runs backend and search jobs.
+"""The child process of :mod:`pp_opt.solvers.process.isolation`: runs backend and search jobs.
 
 Started by the parent as ``python -c "...main()" FD PRELOAD``: ``FD`` is its end of a
 socket pair, ``PRELOAD`` the solver whose modules it imports at once (while the parent
 computes the warm starts). It answers each job with ``("done", answer)`` or ``("error",
 ...)``, sends ``("progress", Progress)``, ``("improved", Schedule)`` and ``("log", ...)``
-on the way, turns ``("stop", reason)`` into a stop request for the running search, and
-exits on ``("quit",)`` or when the parent goes away.
+on the way, turns ``("stop", reason)`` into a request of the running job's
+:class:`~pp_opt.solvers.process.stop.StopToken` (each job gets its own), and exits on
+``("quit",)`` or when the parent goes away.
 """
 
 from __future__ import annotations
@@ -21,8 +22,12 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import replace
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pp_opt.solvers.process.stop import StopToken
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +61,14 @@ class _Forward(logging.Handler):
 
 def main() -> None:
     """Serve jobs until the parent says ``quit`` or goes away."""
-    from pp_opt.solvers.interrupt import relayed_signals, request_stop
+    from pp_opt.solvers.process.stop import StopToken, relayed_signals
 
     gc.set_threshold(10_000, 10, 10)  # as pp_opt.cli.relax_garbage_collection: our process
     channel = _Channel(int(sys.argv[1]))
     root = logging.getLogger()
     root.handlers[:] = [_Forward(channel)]
-    jobs: queue.Queue[tuple[Any, ...]] = queue.Queue()
+    jobs: queue.Queue[tuple[tuple[Any, ...], StopToken]] = queue.Queue()
+    latest = [StopToken()]  # the token of the job sent last (a stop follows its job)
 
     def listen() -> None:
         while True:
@@ -71,23 +77,24 @@ def main() -> None:
             except (EOFError, OSError):
                 os._exit(1)  # the parent died: stop at once
             if message[0] == "stop":
-                request_stop(message[1])
+                latest[0].request(message[1])
             elif message[0] == "quit":
                 os._exit(0)  # nothing to clean up; skip the solvers' slow teardown
             else:
-                jobs.put(message)
+                latest[0] = StopToken()
+                jobs.put((message, latest[0]))
 
     threading.Thread(target=listen, daemon=True).start()
     _preload(sys.argv[2] if len(sys.argv) > 2 else "cpsat")
     with relayed_signals():
         while True:
-            _, kind, *args = jobs.get()
+            (_, kind, *args), stop = jobs.get()
             *payload, (limit, sent_at), level = args
             seconds = max(0.0, limit - max(0.0, time.time() - sent_at))
             root.setLevel(level)
             try:
                 _fault(kind)
-                answer = _run(kind, payload, seconds, channel)
+                answer = _run(kind, payload, seconds, channel, stop)
             except BaseException as err:
                 channel.send(("error", (_pickled(err), traceback.format_exc())))
             else:
@@ -104,33 +111,32 @@ def _preload(solver: str) -> None:
             import pp_opt.solvers.lns  # noqa: F401
 
 
-def _run(kind: str, payload: list[Any], seconds: float, channel: _Channel) -> Any:
+def _run(kind: str, payload: list[Any], seconds: float, channel: _Channel, stop: StopToken) -> Any:
     from pp_opt.solvers.base import Progress
 
     if kind == "backend":
         from pp_opt.solvers.entry import _backend
 
         solver, problem, dag, options, reports = payload
-        options.time_limit = seconds
-        if reports:
 
-            def progress(update: Progress) -> None:
-                channel.send(("progress", update))
+        def progress(update: Progress) -> None:
+            channel.send(("progress", update))
 
-            options.progress = progress
-        return _backend(solver)(problem, dag, options)
+        here = replace(options, time_limit=seconds, progress=progress if reports else None,
+                       stop=stop)  # fmt: skip
+        return _backend(solver)(problem, dag, here)
     if kind == "fluid":
         from pp_opt.solvers.fluid import fluid_bound
 
         problem, lower, upper = payload
         return fluid_bound(problem, lower=lower, upper=upper,
                            deadline=time.perf_counter() + seconds)  # fmt: skip
-    from pp_opt.solvers.interrupt import running_search
     from pp_opt.solvers.lns import SearchStats, improve
+    from pp_opt.solvers.process.stop import running_search
 
     schedule, threads, seed = payload
     stats = SearchStats()
-    with running_search() as search:
+    with running_search(stop) as search:
         improve(schedule, deadline=time.perf_counter() + seconds, threads=threads, seed=seed,
                 on_improve=lambda better: channel.send(("improved", better)), stats=stats,
                 search=search)  # fmt: skip
@@ -139,7 +145,7 @@ def _run(kind: str, payload: list[Any], seconds: float, channel: _Channel) -> An
 
 def _fault(kind: str) -> None:
     """Fail on purpose when ``PP_OPT_CHILD_FAULT`` names this job (tests only)."""
-    from pp_opt.solvers.isolation import FAULT_ENV
+    from pp_opt.solvers.process.isolation import FAULT_ENV
 
     job, _, how = os.environ.get(FAULT_ENV, "").partition(":")
     if job != kind:

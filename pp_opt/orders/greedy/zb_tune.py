@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pp_opt.errors import NoOrderError, PPOptError
 from pp_opt.order import Order
 from pp_opt.orders.common import SPLIT
-from pp_opt.orders.zb_state import StreamLists, Stuck
+from pp_opt.orders.greedy.zb_state import StreamLists, Stuck
 from pp_opt.problem import Problem
 from pp_opt.simulator import simulate
 

@@ -37,7 +37,6 @@ from collections.abc import Callable
 from pp_opt.errors import ProblemError
 from pp_opt.ops import OpKey, OpKind
 from pp_opt.order import Order
-from pp_opt.orders.classic import gpipe, one_f_one_b
 from pp_opt.orders.common import (
     FUSED,
     SPLIT,
@@ -45,7 +44,8 @@ from pp_opt.orders.common import (
     require_split_backward,
     with_placement,
 )
-from pp_opt.orders.vshape import zb_v
+from pp_opt.orders.patterns.classic import gpipe, one_f_one_b
+from pp_opt.orders.patterns.vshape import zb_v
 from pp_opt.problem import Problem
 
 F, B, W, BW = OpKind.F, OpKind.B, OpKind.W, OpKind.BW

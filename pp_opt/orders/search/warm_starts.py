@@ -18,8 +18,8 @@ from pp_opt.dag import dag_for, op_count
 from pp_opt.errors import PPOptError
 from pp_opt.order import Order
 from pp_opt.orders.common import same_placement
-from pp_opt.orders.offload_links import with_link_offloads
-from pp_opt.orders.offload_warm import raised, roomy, with_offloads
+from pp_opt.orders.offload.offload_links import with_link_offloads
+from pp_opt.orders.offload.offload_warm import raised, roomy, with_offloads
 from pp_opt.orders.registry import REGISTRY, Entry
 from pp_opt.problem import Problem
 from pp_opt.runtime_rules import in_runtime_order

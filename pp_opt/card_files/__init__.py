@@ -1,7 +1,7 @@
 """The bundled model and hardware cards: TOML files shipped with the package, found by name.
 
 The card sources live in the checkout's top-level ``models/`` folder; the wheel ships
-them here, as ``pp_opt/cards/*.toml`` (``setup.py`` copies them at build time), and a
+them here, as ``pp_opt/card_files/*.toml`` (``setup.py`` copies them at build time), and a
 checkout (or an editable install) reads ``models/`` itself. Adding a card is adding one
 ``<name>.toml`` file to ``models/``. A card is a hardware card when it has
 ``peak_tflops``, else a model card; its description is the first sentence of its

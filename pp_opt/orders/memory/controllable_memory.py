@@ -29,7 +29,7 @@ From a block to an order:
    ``m_b - m_w`` freed at ``B``, ``m_w`` at ``W``) stays within the cap; this fills
    the warm-up and cool-down gaps of the repeated grid;
 3. order each device's ops by slot and improve the order with real costs
-   (:func:`pp_opt.orders.order_search.improve_order`: blocking ops, mostly ``W``,
+   (:func:`pp_opt.orders.search.order_search.improve_order`: blocking ops, mostly ``W``,
    move behind the critical path).
 
 :func:`v_half` and :func:`v_min` search the block parameters (``gap``, ``extra``,
@@ -37,7 +37,7 @@ From a block to an order:
 whose peak fits it. Why the result is valid: the order has every op once, its
 grid respects every dependency (so it does not deadlock), and every step checks
 the device's peak against the cap, which on one compute stream depends on the
-order alone (:mod:`pp_opt.orders.fast_eval`); the caller's simulator and
+order alone (:mod:`pp_opt.orders.search.fast_eval`); the caller's simulator and
 validator re-check it all.
 """
 
@@ -52,9 +52,9 @@ from typing import Any
 from pp_opt.errors import DeadlockError, InfeasibleError
 from pp_opt.ops import OpKey, OpKind
 from pp_opt.order import Order
-from pp_opt.orders.fast_eval import CompiledProblem
-from pp_opt.orders.order_search import improve_order
-from pp_opt.orders.pieces import budget, compute_pieces
+from pp_opt.orders.search.fast_eval import CompiledProblem
+from pp_opt.orders.search.order_search import improve_order
+from pp_opt.orders.search.pieces import budget, compute_pieces
 from pp_opt.problem import Problem
 from pp_opt.problem_io import resplit
 

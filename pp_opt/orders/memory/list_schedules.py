@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import networkx as nx
@@ -93,7 +94,7 @@ def _compute_only(problem: Problem) -> Variant:
     return Variant(split_backward=problem.split_backward, offload=False, recompute=False)
 
 
-def _list_order(  # noqa: C901 - one event loop
+def _list_order(
     problem: Problem,
     dag: nx.DiGraph,
     k: int,
@@ -110,119 +111,155 @@ def _list_order(  # noqa: C901 - one event loop
     deferred ``W`` fill the drain, which keeps per-device spans short); with ``reserve``
     a forward leaves room for the same microbatch's later chunks on the device (so
     chunk-0 forwards cannot fill a ``v`` device and starve its chunk 1). None if stuck."""
-    above = {s: sum(problem.stages[t].m_b for t in problem.stages_on(problem.device_of(s)) if t > s)
-             for s in range(problem.num_stages)}  # fmt: skip
-    forwards_left = [0] * problem.p
-    for key in dag:
-        if key.kind is OpKind.F:
-            forwards_left[problem.device_of(key.stage)] += 1
-    priority = priority or _PRIORITY
-    memory = [0.0] * problem.p
-    room = [d.cap - d.static + 1e-9 for d in problem.devices]
-    last_ops = Counter(key.microbatch for key in dag if key.kind is not OpKind.F)
-    waiting = {key: dag.in_degree(key) for key in dag}
-    ready_at: dict[OpKey, float] = {}
-    end: dict[OpKey, float] = {}
-    free = [0.0] * problem.p
-    # Per device: ops not yet ready when the device frees up (by ready time), and ops
-    # ready by then, per priority class (by microbatch, stage).
-    heaps: list[list[Any]] = [[] for _ in range(problem.p)]
-    pools: list[dict[int, list[Any]]] = [{c: [] for c in set(priority.values())} for _ in heaps]
-    started: set[int] = set()
-    in_flight = 0
-    order: dict[tuple[int, Stream], list[OpKey]] = {}
+    rules = _Rules(priority=priority or _PRIORITY, k=k, memory_aware=memory_aware,
+                   lazy_w=lazy_w, reserve=reserve)  # fmt: skip
+    return _ListSchedule(problem, dag, rules).run()
 
-    def push(key: OpKey) -> None:
-        device = problem.device_of(key.stage)
-        item = (ready_at.get(key, 0.0), priority[key.kind], key.microbatch, key.stage, key)
-        heapq.heappush(heaps[device], item)
 
-    for key in dag:
-        if waiting[key] == 0:
-            push(key)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Rules:
+    """The switches of one list schedule (see :func:`_list_order`)."""
 
-    smallest = [min(problem.stages[s].m_b for s in problem.stages_on(d)) for d in range(problem.p)]
+    priority: dict[OpKind, int]
+    """Class of each kind among ops ready at the same time (lower first)."""
+    k: int
+    """Most microbatches in flight."""
+    memory_aware: bool
+    """A forward only when the device's activations stay under its cap."""
+    lazy_w: bool
+    """A ``W`` only once memory blocks the device's next forward or its forwards are done."""
+    reserve: bool
+    """A forward leaves room for the same microbatch's later chunks on its device."""
 
-    def fits(key: OpKey) -> bool:
-        device = problem.device_of(key.stage)
-        extra = above[key.stage] if reserve else 0.0
-        return memory[device] + float(dag.nodes[key]["mem_start"]) + extra <= room[device]
 
-    def admissible(key: OpKey) -> bool:
-        device = problem.device_of(key.stage)
-        if key.kind is OpKind.F and memory_aware and not fits(key):
+class _ListSchedule:
+    """The event loop of one list schedule: per device, ops not yet ready when it frees up
+    (a heap by ready time) and ops ready by then (pools per priority class, by microbatch
+    and stage); each step runs the op that can start first anywhere."""
+
+    def __init__(self, problem: Problem, dag: nx.DiGraph, rules: _Rules) -> None:
+        self.problem, self.dag, self.rules = problem, dag, rules
+        p = problem.p
+        self.above = {s: sum(problem.stages[t].m_b for t in problem.stages_on(problem.device_of(s))
+                             if t > s) for s in range(problem.num_stages)}  # fmt: skip
+        self.forwards_left = [0] * p
+        for key in dag:
+            if key.kind is OpKind.F:
+                self.forwards_left[problem.device_of(key.stage)] += 1
+        self.memory = [0.0] * p
+        self.room = [d.cap - d.static + 1e-9 for d in problem.devices]
+        self.smallest = [min(problem.stages[s].m_b for s in problem.stages_on(d)) for d in range(p)]
+        self.last_ops = Counter(key.microbatch for key in dag if key.kind is not OpKind.F)
+        self.waiting = {key: dag.in_degree(key) for key in dag}
+        self.ready_at: dict[OpKey, float] = {}
+        self.free = [0.0] * p
+        self.heaps: list[list[Any]] = [[] for _ in range(p)]
+        classes = set(rules.priority.values())
+        self.pools: list[dict[int, list[Any]]] = [{c: [] for c in classes} for _ in range(p)]
+        self.started: set[int] = set()
+        self.in_flight = 0
+        self.order: StreamLists = {}
+        for key in dag:
+            if self.waiting[key] == 0:
+                self.push(key)
+
+    def push(self, key: OpKey) -> None:
+        device = self.problem.device_of(key.stage)
+        item = (self.ready_at.get(key, 0.0), self.rules.priority[key.kind], key.microbatch,
+                key.stage, key)  # fmt: skip
+        heapq.heappush(self.heaps[device], item)
+
+    def fits(self, key: OpKey) -> bool:
+        device = self.problem.device_of(key.stage)
+        extra = self.above[key.stage] if self.rules.reserve else 0.0
+        return (
+            self.memory[device] + float(self.dag.nodes[key]["mem_start"]) + extra
+            <= self.room[device]
+        )
+
+    def admissible(self, key: OpKey) -> bool:
+        device = self.problem.device_of(key.stage)
+        rules = self.rules
+        if key.kind is OpKind.F and rules.memory_aware and not self.fits(key):
             return False
-        if key.kind is OpKind.W and lazy_w and forwards_left[device] > 0:
-            return memory[device] + smallest[device] > room[device]
-        first = key.stage == 0 and key.kind is OpKind.F and key.microbatch not in started
-        return not first or in_flight < k
+        if key.kind is OpKind.W and rules.lazy_w and self.forwards_left[device] > 0:
+            return self.memory[device] + self.smallest[device] > self.room[device]
+        first = key.stage == 0 and key.kind is OpKind.F and key.microbatch not in self.started
+        return not first or self.in_flight < rules.k
 
-    def first_admissible(heap: list[Item]) -> Item | None:
+    def first_admissible(self, heap: list[Item]) -> Item | None:
         popped, found = [], None
         while heap:
             popped.append(heapq.heappop(heap))
-            if admissible(popped[-1][-1]):
+            if self.admissible(popped[-1][-1]):
                 found = popped[-1]
                 break
         for it in popped:
             heapq.heappush(heap, it)
         return found
 
-    def best_of(device: int) -> Choice | None:
+    def best_of(self, device: int) -> Choice | None:
         """The device's next op: the best ready class by the time it is free, else the
         earliest to become ready (ties by microbatch, then stage)."""
-        heap, pool = heaps[device], pools[device]
-        while heap and heap[0][0] <= free[device]:
+        heap, pool, free = self.heaps[device], self.pools[device], self.free[device]
+        while heap and heap[0][0] <= free:
             ready, cls, mb, stage, key = heapq.heappop(heap)
             heapq.heappush(pool[cls], (mb, stage, ready, key))
         for cls in sorted(pool):
-            item = first_admissible(pool[cls])
+            item = self.first_admissible(pool[cls])
             if item is not None:
-                return (free[device], cls), device, (pool[cls], item)
-        item = first_admissible(heap)
+                return (free, cls), device, (pool[cls], item)
+        item = self.first_admissible(heap)
         if item is None:
             return None
         return (item[0], item[1]), device, (heap, item)
 
-    # A device's best op only changes when something happens on it: cache the rest.
-    cache: dict[int, Choice | None] = {}
-    dirty = set(range(problem.p))
-    first_device = problem.device_of(0)
-    remaining = dag.number_of_nodes()
-    while remaining:
-        remaining -= 1
-        for device in dirty:
-            cache[device] = best_of(device)
-        dirty.clear()
-        options = [c for c in cache.values() if c is not None]
-        if not options:
-            return None  # stuck: only with memory_aware (k >= 1 alone always progresses)
-        best = min(options, key=lambda c: (c[0], c[1]))
-        (start, _), device, (where, chosen) = best
-        where.remove(chosen)
-        heapq.heapify(where)
-        key = chosen[-1]
-        dirty.update((device, first_device))
+    def run(self) -> StreamLists | None:
+        """Every op in turn; None when stuck (only with ``memory_aware``: ``k >= 1`` alone
+        always progresses)."""
+        # A device's best op only changes when something happens on it: cache the rest.
+        cache: dict[int, Choice | None] = {}
+        dirty = set(range(self.problem.p))
+        first_device = self.problem.device_of(0)
+        for _ in range(self.dag.number_of_nodes()):
+            for device in dirty:
+                cache[device] = self.best_of(device)
+            dirty.clear()
+            options = [c for c in cache.values() if c is not None]
+            if not options:
+                return None
+            (start, _), device, (where, chosen) = min(options, key=lambda c: (c[0], c[1]))
+            where.remove(chosen)
+            heapq.heapify(where)
+            dirty.update((device, first_device))
+            dirty.update(self.run_op(chosen[-1], device, start))
+        return self.order
+
+    def run_op(self, key: OpKey, device: int, start: float) -> set[int]:
+        """Run ``key`` on ``device`` from ``start``; the devices of the ops it made ready."""
+        nodes = self.dag.nodes
         if key.kind is OpKind.F:
-            forwards_left[device] -= 1
-        if key.stage == 0 and key.kind is OpKind.F:
-            started.add(key.microbatch)
-            in_flight += 1
-        memory[device] += dag.nodes[key]["mem_start"] + dag.nodes[key]["mem_end"]
-        finish = start + dag.nodes[key]["duration"]
-        end[key], free[device] = finish, finish
-        order.setdefault((device, stream_of(key.kind)), []).append(key)
+            self.forwards_left[device] -= 1
+            if key.stage == 0:
+                self.started.add(key.microbatch)
+                self.in_flight += 1
+        self.memory[device] += nodes[key]["mem_start"] + nodes[key]["mem_end"]
+        finish = start + nodes[key]["duration"]
+        self.free[device] = finish
+        self.order.setdefault((device, stream_of(key.kind)), []).append(key)
         if key.kind is not OpKind.F:
-            last_ops[key.microbatch] -= 1
-            if last_ops[key.microbatch] == 0:
-                in_flight -= 1
-        for w in dag.successors(key):
-            ready_at[w] = max(ready_at.get(w, 0.0), finish + dag.edges[key, w]["latency"])
-            waiting[w] -= 1
-            if waiting[w] == 0:
-                push(w)
-                dirty.add(problem.device_of(w.stage))
-    return order
+            self.last_ops[key.microbatch] -= 1
+            if self.last_ops[key.microbatch] == 0:
+                self.in_flight -= 1
+        touched = set()
+        for w in self.dag.successors(key):
+            arrival = finish + self.dag.edges[key, w]["latency"]
+            self.ready_at[w] = max(self.ready_at.get(w, 0.0), arrival)
+            self.waiting[w] -= 1
+            if self.waiting[w] == 0:
+                self.push(w)
+                touched.add(self.problem.device_of(w.stage))
+        return touched
 
 
 def _sequential_with_savings(problem: Problem, fraction: float) -> Order:

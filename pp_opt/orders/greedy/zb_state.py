@@ -1,14 +1,17 @@
 """Book-keeping shared by the Zero Bubble greedy rules: per-device state and the ``put`` step.
 
 The rules (:mod:`.zb_greedy` for ``loop``, :mod:`.zb_v_greedy` for ``v``) track
-estimated times only to make their decisions; the simulator re-times their orders.
+estimated times only to make their decisions; the simulator re-times their orders. They
+code the kinds as ``0, 1, 2`` (``F``, ``B``, ``W``: :data:`KINDS`) and ask
+:mod:`pp_opt.ops` for every duration and memory effect, once per problem (the rules run
+these lookups in their inner loops).
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-from pp_opt.ops import OpKey, OpKind, Stream
+from pp_opt.ops import OpKey, OpKind, Stream, duration, memory_delta
 from pp_opt.problem import Problem
 
 KINDS = (OpKind.F, OpKind.B, OpKind.W)
@@ -50,14 +53,17 @@ class OrderBuilder:
         self.problem = problem
         self.comm = problem.t_comm
         self.end: dict[tuple[int, int, int], float] = {}  # (kind, stage, microbatch)
+        stages = range(problem.num_stages)
+        self._cost = [[duration(problem, k, s) for s in stages] for k in KINDS]
+        self._mem = [[sum(memory_delta(problem, k, s)) for s in stages] for k in KINDS]
 
     def cost(self, kind: int, stage: int) -> float:
-        st = self.problem.stages[stage]
-        return (st.t_f, st.t_b, st.t_w)[kind]
+        """How long op ``kind`` (an index of :data:`KINDS`) of ``stage`` runs."""
+        return self._cost[kind][stage]
 
     def mem(self, kind: int, stage: int) -> float:
-        st = self.problem.stages[stage]
-        return (st.m_b, -(st.m_b - st.m_w), -st.m_w)[kind]
+        """How the op changes its device's memory, start and end together."""
+        return self._mem[kind][stage]
 
     def put(self, dev: DeviceState, kind: int, stage: int, lane: int, after: float = 0.0) -> float:
         """Append the next ``kind`` op of ``stage`` on ``dev``; ``after``: when its input is

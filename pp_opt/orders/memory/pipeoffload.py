@@ -16,7 +16,7 @@ are the ones worth sending to the host. The schedule has two parts:
   ``g >= p`` fills the pipeline.
 - **Offloads**: which chunks may be offloaded (``chunks_offloaded`` lowest ones,
   the paper's offloaded-chunk choice) and where the copies go, for any host-link
-  grouping: :func:`pp_opt.orders.offload_links.place_offloads`, which moves only
+  grouping: :func:`pp_opt.orders.offload.offload_links.place_offloads`, which moves only
   what the cap needs, oldest-needed last, one copy per link and direction.
 
 :func:`pipeoffload` searches ``g``, the warm-up shape, the offloaded chunks and the
@@ -24,7 +24,7 @@ copy policy for the problem's cap and returns the fastest order the validator
 accepts. Why the compute order cannot deadlock: on every device forwards and
 backwards each keep one global order (microbatch groups, then chunks), the one
 Megatron-LM's interleaved 1F1B uses; the copies keep it deadlock-free as
-:mod:`.offload_links` explains.
+:mod:`pp_opt.orders.offload.offload_links` explains.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from pp_opt.errors import DeadlockError, NoOrderError, ProblemError
 from pp_opt.ops import OpKey, OpKind
 from pp_opt.order import Order
 from pp_opt.orders.common import with_placement
-from pp_opt.orders.fast_eval import CompiledProblem
-from pp_opt.orders.offload_links import OffloadPolicy, place_offloads
-from pp_opt.orders.order_search import improve_order
-from pp_opt.orders.pieces import budget, compute_pieces
+from pp_opt.orders.offload.offload_links import OffloadPolicy, place_offloads
+from pp_opt.orders.search.fast_eval import CompiledProblem
+from pp_opt.orders.search.order_search import improve_order
+from pp_opt.orders.search.pieces import budget, compute_pieces
 from pp_opt.problem import Device, Problem
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 
 from pp_opt.ops import OpKey, OpKind
-from pp_opt.orders.fast_eval import CompiledProblem
+from pp_opt.orders.search.fast_eval import CompiledProblem
 
 log = logging.getLogger(__name__)
 

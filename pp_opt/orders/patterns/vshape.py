@@ -82,7 +82,7 @@ def zb_v_rank(rank: int, p: int, m: int) -> list[OpKey]:
 def zb_v(problem: Problem) -> Order:
     """ZB-V on the ``v`` placement (re-split into two chunks per device if needed).
 
-    This is the fixed pattern; :func:`pp_opt.orders.zb_v_greedy.zb_v_greedy` is the
+    This is the fixed pattern; :func:`pp_opt.orders.greedy.zb_v_greedy.zb_v_greedy` is the
     Zero Bubble paper's cost-aware greedy for the same placement.
     """
     require_split_backward(problem, "zb-v")

@@ -48,7 +48,7 @@ from pp_opt.dag import dag_for
 from pp_opt.errors import DeadlockError
 from pp_opt.ops import BACKWARD_KINDS, OpKey, OpKind, Stream, duration
 from pp_opt.order import Order, Variant
-from pp_opt.orders.fast_eval import CompiledProblem
+from pp_opt.orders.search.fast_eval import CompiledProblem
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule
 from pp_opt.simulator import simulate
