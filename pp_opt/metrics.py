@@ -8,6 +8,7 @@ from pp_opt.errors import ProblemError
 from pp_opt.ops import OpKind, Stream, memory_delta
 from pp_opt.problem import Problem
 from pp_opt.schedule import Metrics, ScheduledOp
+from pp_opt.time_rule import settle_frees, time_slack
 
 
 def recomputed_pairs(ops: Iterable[ScheduledOp]) -> set[tuple[int, int]]:
@@ -16,10 +17,16 @@ def recomputed_pairs(ops: Iterable[ScheduledOp]) -> set[tuple[int, int]]:
 
 
 def memory_events(problem: Problem, ops: Iterable[ScheduledOp]) -> list[list[tuple[float, float]]]:
-    """Per device, ``(time, delta)`` events sorted so frees at a time come before allocations."""
+    """Per device, ``(time, delta)`` events in the order the time rule applies them.
+
+    Frees come before allocations at equal times, and a free within the rule's slack
+    after an allocation counts as before it (:func:`pp_opt.time_rule.settle_frees`), as
+    the validator counts it.
+    """
     ops = list(ops)
     recomputed = recomputed_pairs(ops)
-    events: list[list[tuple[float, float]]] = [[] for _ in range(problem.p)]
+    slack = time_slack(ops)
+    events: list[list[tuple[float, float, None]]] = [[] for _ in range(problem.p)]
     for op in ops:
         at_start, at_end = memory_delta(
             problem,
@@ -30,12 +37,14 @@ def memory_events(problem: Problem, ops: Iterable[ScheduledOp]) -> list[list[tup
         )
         device = problem.device_of(op.stage)
         if at_start:
-            events[device].append((op.start, at_start))
+            events[device].append((op.start, at_start, None))
         if at_end:
-            events[device].append((op.end, at_end))
+            events[device].append((op.end, at_end, None))
+    settled = []
     for row in events:
-        row.sort()  # at equal times the negative deltas (frees) sort first
-    return events
+        row.sort(key=lambda event: event[:2])  # ties as ever: by time, then delta
+        settled.append([(time, delta) for time, delta, _ in settle_frees(row, slack)])
+    return settled
 
 
 def memory_profile(problem: Problem, ops: Iterable[ScheduledOp]) -> list[list[tuple[float, float]]]:
