@@ -20,6 +20,7 @@ from dataclasses import replace
 
 import networkx as nx
 
+from pp_opt.arguments import a_schedule, a_solver_info, of_type, optional
 from pp_opt.dag import dag_for, required_ops, stage_latency, successors
 from pp_opt.errors import DeadlockError, ProblemError
 from pp_opt.metrics import compute_metrics
@@ -64,6 +65,9 @@ def simulate(
     ProblemError
         When the order lists a wrong set of ops.
     """
+    of_type("order", order, Order, "a pp_opt Order (pp_opt.order_of)")
+    optional("dag", dag, nx.DiGraph, "a DAG of pp_opt.dag.dag_for")
+    a_solver_info(solver)
     problem = order.problem
     dag = dag if dag is not None else dag_for(problem, order.variant)
     fractions = order.fractions
@@ -140,6 +144,7 @@ def order_of(schedule: Schedule) -> Order:
 
     ``simulate(order_of(schedule))`` re-times it (see :func:`retime`).
     """
+    a_schedule(schedule)
     streams: dict[QueueKey, list[OpKey]] = {}
     by_device = schedule.by_device()
     for device, own in enumerate(by_device):
@@ -200,6 +205,8 @@ def _device_waits(own: Sequence[ScheduledOp], slack: float) -> list[tuple[OpKey,
 
 def retime(schedule: Schedule, *, solver: SolverInfo | None = None) -> Schedule:
     """Re-time a schedule's own op order and cross-stream waits with the simulator."""
+    a_schedule(schedule)
+    a_solver_info(solver)
     return simulate(order_of(schedule), solver=solver)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pp_opt.arguments import integer
+from pp_opt.arguments import check_profile, integer
 from pp_opt.compat import renamed
 from pp_opt.errors import ProblemError
 from pp_opt.problem import Problem
@@ -99,7 +99,8 @@ def profile_costs(
         Add the tensor-parallel collectives to each layer's F and B (analytic profiles; off
         by default, as profiles were made before; the planner turns it on).
     """
-    v = renamed("vpp", vpp, "v", v)
+    v = renamed("vpp", None if vpp is None else integer("vpp", vpp, low=1), "v", v)
+    check_profile(measure=measure, layers=layers)
     integer("repeats", repeats, low=1, high=100_000)
     integer("warmup", warmup, low=0, high=100_000)
     if threads is not None:
@@ -158,7 +159,7 @@ def profile_problem(
         The problem the cost profile describes (unit ``bytes``), its provenance in
         ``extra["profile"]``.
     """
-    v = renamed("vpp", vpp, "v", v)
+    v = renamed("vpp", None if vpp is None else integer("vpp", vpp, low=1), "v", v)
     data = profile_costs(
         model=model, hardware=hardware, pp=pp, v=v, placement=placement,
         microbatches=microbatches, mbs=mbs, seq=seq, tp=tp, layers=layers, measure=measure,
