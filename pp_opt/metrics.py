@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pp_opt.errors import ProblemError
+from pp_opt.levels import running_levels
 from pp_opt.ops import OpKind, Stream, memory_delta
 from pp_opt.problem import Problem
 from pp_opt.schedule import Metrics, ScheduledOp
@@ -48,14 +49,15 @@ def memory_events(problem: Problem, ops: Iterable[ScheduledOp]) -> list[list[tup
 
 
 def memory_profile(problem: Problem, ops: Iterable[ScheduledOp]) -> list[list[tuple[float, float]]]:
-    """Per device, the step function ``(time, level)`` of static plus activation memory."""
+    """Per device, the step function ``(time, level)`` of static plus activation memory
+    (each level summed exactly, :func:`pp_opt.levels.running_levels`)."""
     profiles = []
     for device, events in enumerate(memory_events(problem, ops)):
-        level = problem.devices[device].static
-        steps = [(0.0, level)]
-        for time, delta in events:
-            level += delta
-            if steps and steps[-1][0] == time:
+        static = problem.devices[device].static
+        steps = [(0.0, static)]
+        levels = running_levels(static, (delta for _, delta in events))
+        for (time, _), level in zip(events, levels, strict=True):
+            if steps[-1][0] == time:
                 steps[-1] = (time, level)
             else:
                 steps.append((time, level))

@@ -4,7 +4,9 @@ For the schedules a solve, the search (LNS) and the warm starts hand out, on sma
 with offload (own or shared host links), V placement and recompute: each is valid; every
 DAG edge, stream, host link and runtime order holds with starts compared to ends exactly;
 memory swept at the exact times (frees first only at equal times) stays under each cap;
-and every reported ``peak_memory[d]`` is at most ``cap[d]``. The time rule
+and every reported ``peak_memory[d]`` is at most ``cap[d]``. Memory levels are sums of
+the problem's amounts, taken exactly (``0.1 + 0.1 + 0.4`` is ``0.6``, not
+``0.6000000000000001``). The time rule
 (:mod:`pp_opt.time_rule`) is the validator's; these checks do without it.
 """
 
@@ -22,6 +24,7 @@ from pp_opt import solve, validate
 from pp_opt.bounds import min_feasible_cap
 from pp_opt.dag import dag_for, stage_latency
 from pp_opt.errors import DeadlockError
+from pp_opt.levels import running_levels
 from pp_opt.metrics import compute_metrics, recomputed_pairs
 from pp_opt.ops import OpKind, Stream, memory_delta
 from pp_opt.order import Variant
@@ -111,7 +114,8 @@ def exact_faults(schedule: Schedule) -> list[str]:
 
 
 def _exact_peaks(schedule: Schedule) -> list[float]:
-    """Peak memory of each device with frees first only at equal times (a slack of 0)."""
+    """Peak memory of each device with frees first only at equal times (a slack of 0),
+    levels summed exactly (:func:`pp_opt.levels.running_levels`)."""
     problem = schedule.problem
     recomputed = recomputed_pairs(schedule.ops)
     events: list[list[tuple[float, float, None]]] = [[] for _ in range(problem.p)]
@@ -122,11 +126,9 @@ def _exact_peaks(schedule: Schedule) -> list[float]:
         row += [(op.start, at_start, None), (op.end, at_end, None)]
     peaks = []
     for device, row in enumerate(events):
-        level = peak = problem.devices[device].static
-        for _, delta, _ in settle_frees(row, 0.0):
-            level += delta
-            peak = max(peak, level)
-        peaks.append(peak)
+        static = problem.devices[device].static
+        deltas = [delta for _, delta, _ in settle_frees(row, 0.0)]
+        peaks.append(max([static, *running_levels(static, deltas)]))
     return peaks
 
 
@@ -220,3 +222,15 @@ def test_a_solvers_own_times_are_kept_aligned(monkeypatch: pytest.MonkeyPatch) -
     assert [op.key for op in kept.ops] == [op.key for op in raw.ops]
     assert exact_faults(kept) == [] and validate(kept) == []
     assert max(abs(a.start - b.start) for a, b in zip(kept.ops, raw.ops, strict=True)) < 1e-9
+
+
+def test_memory_levels_are_summed_exactly() -> None:
+    """A forward keeping ``m_in = 0.1`` twice and a recompute of ``0.4`` reach ``0.6``
+    (added as floats: ``0.6000000000000001``, over a cap of ``0.6``)."""
+    assert 0.1 + 0.1 + 0.4 > 0.6
+    assert running_levels(0.0, [0.1, 0.1, 0.4, -0.4]) == [0.1, 0.2, 0.6, 0.2]
+    assert running_levels(1.5, [0.366, -0.366]) == [1.866, 1.5]
+    third = 1 / 3  # written with 16 decimals: summed in them
+    assert running_levels(0.0, [third] * 3) == [third, 0.6666666666666666, 0.9999999999999999]
+    tiny = 1e-40  # more decimals than any amount: exact binary fractions instead
+    assert running_levels(0.0, [tiny, -tiny, 0.5]) == [tiny, 0.0, 0.5]

@@ -2,8 +2,9 @@
 
 The sweep here is the validator's own (it shares nothing with
 :mod:`pp_opt.metrics`); only the memory effect of each op comes from
-:func:`pp_opt.ops.memory_delta`, the one place that defines it, and the order of frees
-and allocations from :func:`pp_opt.time_rule.settle_frees`, the one place that says it.
+:func:`pp_opt.ops.memory_delta`, the one place that defines it, the order of frees
+and allocations from :func:`pp_opt.time_rule.settle_frees`, and the sums from
+:func:`pp_opt.levels.running_levels`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from pp_opt.levels import running_levels
 from pp_opt.ops import memory_delta
 from pp_opt.schedule import ScheduledOp
 from pp_opt.time_rule import settle_frees
@@ -63,9 +65,8 @@ def _list_events(ctx: Context, device: int) -> Events:
 def _sweep(ctx: Context, device: int) -> Iterator[tuple[float, float, ScheduledOp]]:
     """``(time, level, op)`` after each allocation on ``device``, in time order."""
     events, own = _events(ctx, device)
-    level = ctx.problem.devices[device].static
-    for time, delta, i in events:
-        level += delta
+    levels = running_levels(ctx.problem.devices[device].static, (e[1] for e in events))
+    for (time, _, i), level in zip(events, levels, strict=True):
         if i is not None:
             yield time, level, own[i]
 
