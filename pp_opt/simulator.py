@@ -70,10 +70,30 @@ def simulate(
     a_solver_info(solver)
     problem = order.problem
     dag = dag if dag is not None else dag_for(problem, order.variant)
-    fractions = order.fractions
     present = _check_order(problem, dag, order.streams)
     preds, succs = _edges(problem, dag, present, order.waits)
     queues = {k: list(v) for k, v in order.streams.items() if v}
+    timed, end, position = _run_queues(problem, queues, preds, succs, present, order.fractions)
+    if len(end) < len(present):
+        raise DeadlockError(_deadlock_message(preds, queues, position, end))
+    solver = solver or SolverInfo(name="simulate", status=Status.HEURISTIC, objective=0.0)
+    metrics = compute_metrics(problem, timed)
+    solver.objective = metrics.makespan if problem.objective == "makespan" else max(metrics.span)
+    return Schedule(
+        problem=problem, ops=tuple(timed), solver=solver, metrics=metrics, variant=order.variant
+    )
+
+
+def _run_queues(
+    problem: Problem,
+    queues: dict[QueueKey, list[OpKey]],
+    preds: dict[OpKey, list[tuple[OpKey, float]]],
+    succs: dict[OpKey, list[OpKey]],
+    present: set[OpKey],
+    fractions: Mapping[OpKey, float],
+) -> tuple[list[ScheduledOp], dict[OpKey, float], dict[QueueKey, int]]:
+    """Run each stream's queue in order, every op at its earliest start (a heap of the
+    streams whose head op is ready); the ops timed, their ends and how far each queue got."""
     position = dict.fromkeys(queues, 0)
     queue_of = {key: qk for qk, keys in queues.items() for key in keys}
     waiting = {key: len(preds[key]) for key in present}
@@ -129,14 +149,7 @@ def simulate(
             wq = queue_of[w]
             if waiting[w] == 0 and queues[wq][position[wq]] == w:
                 push_head(wq)
-    if len(end) < len(present):
-        raise DeadlockError(_deadlock_message(preds, queues, position, end))
-    solver = solver or SolverInfo(name="simulate", status=Status.HEURISTIC, objective=0.0)
-    metrics = compute_metrics(problem, timed)
-    solver.objective = metrics.makespan if problem.objective == "makespan" else max(metrics.span)
-    return Schedule(
-        problem=problem, ops=tuple(timed), solver=solver, metrics=metrics, variant=order.variant
-    )
+    return timed, end, position
 
 
 def order_of(schedule: Schedule) -> Order:
