@@ -97,7 +97,7 @@ def test_memory_envelope_past_its_steps_is_a_weaker_ceiling(
     problem = uniform_problem(p=4, m=16, t_f=1.0, t_b=1.0, t_w=0.5, m_b=1.0, m_w=0.3,
                               t_comm=0.5, cap=12.0)  # fmt: skip
     exact = memory_envelope(problem)
-    monkeypatch.setattr("pp_opt.bounds.ENVELOPE_STEPS", 2)
+    monkeypatch.setattr("pp_opt.bounds.memory.ENVELOPE_STEPS", 2)
     lined = memory_envelope(problem)
     assert exact - 1.0 <= lined <= exact + 1e-9
     assert lined < exact
