@@ -163,13 +163,17 @@ def plan(
         if owned:
             runner.close()
     ranked = sorted((s for s in found.scored if s.ok), key=Scored.sort_key)
-    return Plan(
+    result = Plan(
         inputs=inputs, pins=pins, candidates=ranked,
         failed=[s for s in found.scored if not s.ok], baselines=defaults, pruned=found.pruned,
         skipped=enumeration.skipped, configurations=len(enumeration.configs),
         seconds=time.perf_counter() - started, time_limit=time_limit,
         executor=type(runner).__name__ if not owned else _executor_name(workers, ray),
     )  # fmt: skip
+    from pp_opt.plan.training import plan_training
+
+    result.training = plan_training(result).settings  # torchtitan 0.3, no checkpointing
+    return result
 
 
 def _executor_name(workers: int, ray: str | None) -> str:
