@@ -34,6 +34,8 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[dev,plot,torch,ray]'
+	echo "torch==2.13.0" > $(VENV)/constraints.txt
+	$(BIN)/python -m pip install --quiet -c $(VENV)/constraints.txt megatron-core==0.16.1
 	touch $@
 
 demo: venv
