@@ -179,3 +179,28 @@ def test_split_backward_is_within_1e3_of_the_builtin(runs: dict[str, Any], name:
         ours = _losses(runs, f"{name}.{kind}")
         worst = max(abs(a - b) / abs(b) for a, b in zip(ours, builtin, strict=True))
         assert worst <= 1e-3, (kind, ours, builtin)
+
+
+def test_llama3_8b_config_file_loads_in_torchtitan(runs: dict[str, Any]) -> None:
+    """The demo job's config file (Llama-3 8B on torchtitan's own llama3_8b config) is one
+    torchtitan 0.3.0's config manager accepts as written."""
+    from pp_opt.export.torchtitan import torchtitan_config_file, torchtitan_settings
+    from pp_opt.frameworks.torchtitan import BASE_CONFIGS
+
+    settings = torchtitan_settings(pp=4, v=1, placement="loop", mbs=1, layers=[8, 9, 8, 7],
+                                   n_layers=32, schedule_csv="plan.csv", seq=8192,
+                                   global_batch=16)  # fmt: skip
+    folder = runs["work"] / "llama3_8b"
+    folder.mkdir()
+    text = torchtitan_config_file(settings, base=BASE_CONFIGS["llama3-8b"], title="8B")
+    (folder / "tt_8b.py").write_text(text)
+    check = (
+        "from torchtitan.config import ConfigManager\n"
+        "c = ConfigManager().parse_args(['--module', 'tt_8b', '--config', 'pp_opt_plan'])\n"
+        "print(c.parallelism.module_fqns_per_model_part[-1][-1], c.training.local_batch_size)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(folder)}
+    done = subprocess.run([str(TT_PYTHON), "-c", check], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-2:] == ["lm_head", "16"]
