@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from pp_opt.errors import ProblemError
-from pp_opt.export.training_config import megatron_flags, pipeline_layout, torchtitan_config
+from pp_opt.export.torchtitan import torchtitan_config
+from pp_opt.export.training_config import megatron_flags, pipeline_layout
 
 
 def _megatron(**changes: Any) -> list[str]:

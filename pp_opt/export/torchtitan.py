@@ -130,6 +130,34 @@ def _batch_keys(
     return out
 
 
+def torchtitan_config(
+    *,
+    pp: int,
+    v: int,
+    placement: str,
+    mbs: int,
+    layers: Sequence[int],
+    n_layers: int,
+    schedule_csv: str | None,
+    schedule_name: str | None,
+    version: str = facts.DEFAULT_RELEASE,
+) -> dict[str, Any]:
+    """The ``parallelism`` fields of a torchtitan job for this pipeline (release
+    ``version``); :func:`pp_opt.export.torchtitan.torchtitan_settings` gives the
+    ``training`` fields and the activation checkpointing mode too.
+
+    ``schedule_csv`` is a pp_opt torch-csv (the name then only places the stages:
+    ``PipelineScheduleSingle``/``PipelineScheduleMulti`` on ``loop``, ``ZBVZeroBubble`` on
+    ``v`` when None), or None with ``schedule_name`` one of PyTorch's schedules.
+    """
+    settings = torchtitan_settings(
+        pp=pp, v=v, placement=placement, mbs=mbs, layers=layers, n_layers=n_layers,
+        schedule_csv=schedule_csv, schedule_name=schedule_name, version=version,
+    )  # fmt: skip
+    parallelism: dict[str, Any] = settings["parallelism"]
+    return parallelism
+
+
 def torchtitan_flags(settings: dict[str, Any]) -> list[str]:
     """torchtitan's command-line overrides of ``settings``; the activation checkpointing
     subcommand comes last (what follows it on the command line belongs to it)."""

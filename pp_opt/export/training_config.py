@@ -5,11 +5,9 @@ chunks per device on the ``loop`` or ``v`` placement, and ``layers``, the decode
 of each stage in stage order (``len(layers) == pp * v``), with the embedding on stage 0
 and the final norm and output layer on the last stage.
 
-- :func:`torchtitan_config`: the ``parallelism`` fields of a torchtitan job, with the split
-  given exactly as ``module_fqns_per_model_part`` (one list of module names per stage, as
-  the release names them: :mod:`pp_opt.frameworks.torchtitan`), and the schedule as a
-  PyTorch name or a pp_opt torch-csv file; :mod:`pp_opt.export.torchtitan` writes the
-  whole job (flags, a config file).
+- torchtitan: :mod:`pp_opt.export.torchtitan` (``torchtitan_config``: the ``parallelism``
+  fields, the split given exactly as ``module_fqns_per_model_part``; the whole job as
+  flags or a config file), on the pipeline shape checked here (:func:`check_shape`).
 - :func:`megatron_flags`: the command-line flags of Megatron-LM's ``pretrain_gpt.py``; an
   even split is ``--num-layers-per-virtual-pipeline-stage`` (with ``v > 1``), a split
   that differs only on the first and last stage is
@@ -25,10 +23,8 @@ the argument.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from pp_opt.errors import ProblemError
-from pp_opt.frameworks.torchtitan import DEFAULT_RELEASE
 
 _RECOMPUTE_FLAGS = ("--recompute-granularity", "full", "--recompute-method", "uniform",
                     "--recompute-num-layers", "1")  # fmt: skip
@@ -112,39 +108,6 @@ def megatron_default_layers(n_layers: int, stages: int) -> list[int]:
             f"{n_layers}, not {stages} stages; give the split (first/last flags or a layout)"
         )  # fmt: skip
     return [n_layers // stages] * stages
-
-
-# ---------------------------------------------------------------- torchtitan
-
-
-def torchtitan_config(
-    *,
-    pp: int,
-    v: int,
-    placement: str,
-    mbs: int,
-    layers: Sequence[int],
-    n_layers: int,
-    schedule_csv: str | None,
-    schedule_name: str | None,
-    version: str = DEFAULT_RELEASE,
-) -> dict[str, Any]:
-    """The ``parallelism`` fields of a torchtitan job for this pipeline (release
-    ``version``); :func:`pp_opt.export.torchtitan.torchtitan_settings` gives the
-    ``training`` fields and the activation checkpointing mode too.
-
-    ``schedule_csv`` is a pp_opt torch-csv (the name then only places the stages:
-    ``PipelineScheduleSingle``/``PipelineScheduleMulti`` on ``loop``, ``ZBVZeroBubble`` on
-    ``v`` when None), or None with ``schedule_name`` one of PyTorch's schedules.
-    """
-    from pp_opt.export.torchtitan import torchtitan_settings
-
-    settings = torchtitan_settings(
-        pp=pp, v=v, placement=placement, mbs=mbs, layers=layers, n_layers=n_layers,
-        schedule_csv=schedule_csv, schedule_name=schedule_name, version=version,
-    )  # fmt: skip
-    parallelism: dict[str, Any] = settings["parallelism"]
-    return parallelism
 
 
 # ---------------------------------------------------------------- Megatron-LM
