@@ -91,7 +91,7 @@ def plan_report(plan: Plan, *, top: int = 10) -> str:
         lines.append(f"torchtitan {titan['version']} flags ({training.get('candidate', '')}): "
                      + shlex.join(titan["flags"]))  # fmt: skip
     if "megatron" in training:
-        lines.append("Megatron-LM: " + " ".join(training["megatron"]))
+        lines.append("Megatron-LM: " + shlex.join(training["megatron"]))
     if "megatron_note" in training:
         lines.append(f"Megatron-LM: {training['megatron_note']}")
     return "\n".join(lines)
