@@ -19,10 +19,10 @@ Needs the torchtitan environment (``make torchtitan-venv``: torchtitan 0.3.0 bes
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -72,12 +72,15 @@ SEED_RUN = {"name": "seed", "args": ["--module", "llama3", "--config", "llama3_d
 """torchtitan's seed checkpoint (one process), the V runs' common start."""
 
 
-def _pp_opt(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "pp_opt", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
+def _pp_opt(*args: str, cwd: Path) -> None:
+    """``pp-opt ARGS`` in this process (the same CLI, without a second interpreter's start)."""
+    from pp_opt.cli import main
+
+    with contextlib.chdir(cwd):
+        try:
+            main(list(args))
+        except SystemExit as done:
+            assert not done.code, f"pp-opt {' '.join(args)} exited {done.code}"
 
 
 def _plan(work: Path, name: str, pins: list[str]) -> dict[str, Any]:
