@@ -137,6 +137,11 @@ def plan_training(
             f"the best plan without offload or recompute: {chosen.candidate.config.label()}, "
             f"{chosen.step_time:.1f} ms (+{extra:.1f} ms); the torchtitan settings are for it"
         )  # fmt: skip
+    if activation_checkpoint != "none":
+        notes.append(
+            f"pp_opt's costs keep every activation: the recompute that {activation_checkpoint} "
+            "activation checkpointing adds to torchtitan's backward is not in them"
+        )  # fmt: skip
     split = any(op.kind is OpKind.W for op in schedule.ops)
     fused = split and not splits
     fused_info: dict[str, Any] = {}
