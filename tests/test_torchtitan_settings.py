@@ -218,3 +218,20 @@ def test_an_offloading_best_names_the_best_without_offload(offload_schedule: Sch
     notes = " ".join(choice.settings["notes"])
     assert "offloads" in notes and "pp_opt.runtime" in notes
     assert f"{best.step_time:.1f} ms (+1.0 ms)" in notes
+
+
+def test_export_fused_backward_says_what_it_costs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], loop_schedule: Schedule
+) -> None:
+    from pp_opt.schedule_io import save_schedule
+
+    save_schedule(loop_schedule, tmp_path / "s.json")
+    out = tmp_path / "s.csv"
+    code, text, err = run(["export", str(tmp_path / "s.json"), "--format", "torch-csv",
+                           "--fused-backward", "-o", str(out)], capsys)  # fmt: skip
+    assert code == 0, err
+    assert "fused backward" in text and "predicted makespan" in text
+    assert all("W" not in cell and "I" not in cell for cell in out.read_text().split(","))
+    code, _, err = run(["export", str(tmp_path / "s.json"), "--format", "trace",
+                        "--fused-backward", "-o", str(tmp_path / "t.json")], capsys)  # fmt: skip
+    assert code != 0 and "fused_backward" in err.replace("-", "_")
