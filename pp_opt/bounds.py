@@ -255,16 +255,30 @@ def check_caps(problem: Problem, offload_fractions: Sequence[float] = (1.0,)) ->
     short = [d for d in range(problem.p) if problem.devices[d].cap < need[d] * (1 - 1e-12)]
     if not short:
         return
-    d = short[0]
     hints = []
     if not problem.offload:
         hints.append("offload")
     if not problem.recompute and any(st.m_in < st.m_b for st in problem.stages):
         hints.append("recompute")
-    raise InfeasibleError(
-        device=d, need=need[d], cap=problem.devices[d].cap, min_cap=max(need), hints=tuple(hints),
-        unit=problem.unit,
-    )  # fmt: skip
+    raise cap_error(problem, short[0], problem.devices[short[0]].cap, need, hints=hints)
+
+
+def cap_error(
+    problem: Problem, device: int, cap: float, need: Sequence[float], hints: Sequence[str] = ()
+) -> InfeasibleError:
+    """The one "cap below what is needed" error: ``device``'s ``cap`` against its ``need``
+    (:func:`device_min_memory`), with the smallest cap that works for every device."""
+    return InfeasibleError(device=device, need=need[device], cap=cap, min_cap=max(need),
+                           hints=tuple(hints), unit=problem.unit)  # fmt: skip
+
+
+def check_static_caps(problem: Problem, caps: Sequence[object]) -> Problem:
+    """``problem`` when every given cap (None: not given) holds its device's static memory;
+    else :func:`cap_error` for the first that does not (exit 2)."""
+    for d, (cap, device) in enumerate(zip(caps, problem.devices, strict=True)):
+        if isinstance(cap, int | float) and cap < device.static:
+            raise cap_error(problem, d, float(cap), device_min_memory(problem))
+    return problem
 
 
 # --- memory-aware time bounds ----------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pp_opt.compat import with_v
-from pp_opt.errors import InfeasibleError, ProblemError
+from pp_opt.errors import ProblemError
 from pp_opt.limits import check_size
 from pp_opt.placement import PLACEMENTS, stage_devices
 from pp_opt.problem import Device, Problem, Stage
@@ -76,21 +76,11 @@ def _device(where: str, values: Mapping[str, Any]) -> Device:
 
 
 def _check_static(problem: Problem, caps: Sequence[Any]) -> Problem:
-    """Raise :class:`InfeasibleError` (exit 2, with the smallest cap that works) when a
-    device's cap is below its static memory; otherwise the problem itself."""
-    from pp_opt.bounds import device_min_memory
+    """The problem, or :class:`InfeasibleError` (exit 2, with the smallest cap that works)
+    when a device's cap is below its static memory."""
+    from pp_opt.bounds import check_static_caps
 
-    short = [
-        d
-        for d, (cap, device) in enumerate(zip(caps, problem.devices, strict=True))
-        if isinstance(cap, int | float) and cap < device.static
-    ]
-    if not short:
-        return problem
-    need = device_min_memory(problem)
-    d = short[0]
-    raise InfeasibleError(device=d, need=need[d], cap=float(caps[d]), min_cap=max(need),
-                          unit=problem.unit)  # fmt: skip
+    return check_static_caps(problem, caps)
 
 
 def _table(field: str, value: Any) -> dict[str, Any]:

@@ -22,7 +22,7 @@ Who uses what:
   schedule) must add them too, or renumber its result with :func:`in_runtime_order`.
 - The validator (:mod:`pp_opt.validator`) checks each pair (rule ``runtime_order``).
 - Order generators' schedules are renumbered with :func:`in_runtime_order`
-  (:mod:`pp_opt.orders.baselines`, :mod:`pp_opt.orders.warm_starts`).
+  (:mod:`pp_opt.orders.named`, :mod:`pp_opt.orders.search.warm_starts`).
 """
 
 from __future__ import annotations

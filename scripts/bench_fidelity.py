@@ -43,7 +43,7 @@ from pp_opt.profiler import profile_costs
 from pp_opt.profiler.cards import model_card_from_dict
 from pp_opt.profiler.costs import costs_table
 from pp_opt.profiler.machine_load import LoadMonitor, describe
-from pp_opt.runtime.plans import OFFLOAD_SUFFIX, plan_schedules, retime, with_offload
+from pp_opt.runtime.plans import OFFLOAD_SUFFIX, plan_schedules, with_measured_times, with_offload
 from pp_opt.schedule_io import dumps_schedule, loads_schedule
 
 RANKED = ("cpsat", "1f1b", "zb-h1")
@@ -203,7 +203,9 @@ def analyse(schedules: dict[str, Any], measured: dict[str, Any]) -> dict[str, di
         got = measured["schedules"][name]
         it = got["iteration"]
         predicted = schedule.metrics.makespan
-        round_predicted = [retime(schedule, prof).metrics.makespan for prof in profiles]
+        round_predicted = [
+            with_measured_times(schedule, prof).metrics.makespan for prof in profiles
+        ]
         round_ratios = [p / m for p, m in zip(round_predicted, got["per_round"], strict=False)]
         rows[name] = {
             "predicted": predicted, "median": it["median"], "iqr": it["iqr"],
@@ -211,7 +213,7 @@ def analyse(schedules: dict[str, Any], measured: dict[str, Any]) -> dict[str, di
             "round_predicted": round_predicted, "per_round": got["per_round"],
             "round_ratio": statistics.median(round_ratios) if round_ratios else None,
             "round_ratios": round_ratios,
-            "retimed": retime(schedule, got["actions"]).metrics.makespan,
+            "retimed": with_measured_times(schedule, got["actions"]).metrics.makespan,
             "actions": got["actions"],
             "offloads": sum(1 for op in schedule.ops if op.kind == "OFFLOAD"),
             "made_by": made_by(schedule),

@@ -143,15 +143,13 @@ def pinned(out: Path, workers: int) -> dict[str, Any]:
 
 def resolve(out: Path) -> dict[str, Any]:
     from pp_opt import solve
-    from pp_opt.plan.config import Candidate, Config, PlanInputs
-    from pp_opt.plan.problems import build_problem
+    from pp_opt.planner.config import Candidate, PlanInputs
+    from pp_opt.planner.problems import build_problem
     from pp_opt.profiler import load_hardware_card, load_model_card
 
     data = json.loads((out / "pinned.json").read_text())
     top = data["candidates"][0]
-    config = dict(top["config"])
-    layers = tuple(config.pop("layers"))
-    candidate = Candidate(config=Config(**config), layers=layers)
+    candidate = Candidate.from_dict(top["config"], seq=8192)
     inputs = PlanInputs(
         model=load_model_card("llama3-8b"),
         hardware=load_hardware_card("h100-80gb"),

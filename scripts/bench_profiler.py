@@ -23,7 +23,7 @@ from pp_opt.profiler import load_hardware_card, load_model_card, profile_costs
 from pp_opt.profiler.analytic import layer_times
 from pp_opt.profiler.cards import bundled_cards, model_card_from_dict
 from pp_opt.profiler.formulas import LayerShape, layer_activation_bytes
-from pp_opt.profiler.layout import suggest_split
+from pp_opt.profiler.layer_split import suggest_split
 
 # Standard layouts: the Zero Bubble paper's for its models (p, m, microbatch size), and a
 # common one for the Llama cards (8 GPUs of pipeline, tensor parallel for the 70B models).

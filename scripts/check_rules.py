@@ -20,8 +20,8 @@ from pathlib import Path
 from tight_instances import INSTANCES
 
 from pp_opt.ops import OpKind
-from pp_opt.orders.controllable_memory import v_half, v_min
-from pp_opt.orders.pipeoffload import pipeoffload
+from pp_opt.orders.memory.controllable_memory import v_half, v_min
+from pp_opt.orders.memory.pipeoffload import pipeoffload
 from pp_opt.simulator import simulate
 from pp_opt.validator import validate
 

@@ -56,7 +56,7 @@ def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_models_lists_every_bundled_card(capsys: pytest.CaptureFixture[str]) -> None:
-    from pp_opt.cards import card_names
+    from pp_opt.card_files import card_names
 
     code, out, _ = run(["models"], capsys)
     assert code == 0

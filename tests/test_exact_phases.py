@@ -17,8 +17,8 @@ import pytest
 from pp_opt.dag import dag_for
 from pp_opt.ops import OpKind, Stream
 from pp_opt.orders import baseline
-from pp_opt.orders.offload_links import with_link_offloads
-from pp_opt.orders.offload_warm import raised
+from pp_opt.orders.offload.offload_links import with_link_offloads
+from pp_opt.orders.offload.offload_warm import raised
 from pp_opt.problem import uniform_problem
 from pp_opt.schedule import Status
 from pp_opt.solvers import solve
@@ -32,7 +32,7 @@ from pp_opt.solvers.cpsat.fixed_order import (
     promising,
 )
 from pp_opt.solvers.cpsat.model import build_model
-from pp_opt.solvers.interrupt import running_search
+from pp_opt.solvers.process.stop import running_search
 from pp_opt.validator import validate
 
 

@@ -1,5 +1,5 @@
 """Native code cannot take a run down; each backend and the search run in a child
-process (pp_opt.solvers.isolation), and a crash there costs only that job's answer."""
+process (pp_opt.solvers.process.isolation), and a crash there costs only that job's answer."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 import pp_opt
 from pp_opt.cli import exit_codes
 from pp_opt.problem import uniform_problem
-from pp_opt.solvers.isolation import FAULT_ENV
+from pp_opt.solvers.process.isolation import FAULT_ENV
 from pp_opt.validator import validate
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,9 +18,9 @@ import pytest
 
 from pp_opt.errors import InfeasibleError
 from pp_opt.ops import OpKind
-from pp_opt.orders.controllable_memory import VBlock, grid_slots, v_half, v_min
-from pp_opt.orders.offload_links import OffloadPolicy, place_offloads, with_link_offloads
-from pp_opt.orders.pipeoffload import GroupShape, group_interleaved_order, pipeoffload
+from pp_opt.orders.memory.controllable_memory import VBlock, grid_slots, v_half, v_min
+from pp_opt.orders.memory.pipeoffload import GroupShape, group_interleaved_order, pipeoffload
+from pp_opt.orders.offload.offload_links import OffloadPolicy, place_offloads, with_link_offloads
 from pp_opt.orders.registry import get
 from pp_opt.problem import Device, Problem, Stage, uniform_problem
 from pp_opt.schedule_io import loads_schedule

@@ -9,9 +9,9 @@ import pytest
 from cli_helpers import run
 
 import pp_opt
-from pp_opt.plan import Pins, Plan, PoolExecutor
-from pp_opt.plan.plot import pareto_front, plot_plan
-from pp_opt.plan.search import PRUNED_BY_BOUND
+from pp_opt.planner import Pins, Plan, PoolExecutor
+from pp_opt.planner.plot import pareto_front, plot_plan
+from pp_opt.planner.search import PRUNED_BY_BOUND
 from pp_opt.profiler.cards import model_card_from_dict
 from pp_opt.schedule_io import schedule_from_dict
 from pp_opt.validator import validate
@@ -65,9 +65,9 @@ def test_candidates_are_ranked_by_step_time(serial: Plan) -> None:
     assert len(ranked) >= 3
     assert [s.step_time for s in ranked] == sorted(s.step_time for s in ranked)  # type: ignore[type-var]
     for s in ranked:
-        c = s.candidate.config
+        c = s.job
         assert c.tp * c.pp * c.dp == 4 and c.dp * c.mbs * c.m == 8
-        assert sum(s.candidate.layers) == 6 and len(s.candidate.layers) == c.pp * c.v
+        assert sum(s.layers) == 6 and len(s.layers) == c.pp * c.v
         assert s.step_time == pytest.approx(s.iteration_makespan + s.dp_sync + s.optimizer_step)  # type: ignore[operator]
         assert 0 < s.mfu < 1 and max(s.peak_memory) <= 76 * 2**30  # type: ignore[operator]
 
@@ -239,11 +239,10 @@ def test_bad_flags_are_one_line_errors(
 def test_the_report_folds_candidates_that_differ_only_in_their_switches(serial: Plan) -> None:
     from dataclasses import replace
 
-    from pp_opt.plan.report import plan_report
+    from pp_opt.planner.report import plan_report
 
     best = serial.candidates[0]
-    config = replace(best.candidate.config, offload=True)
-    twin = replace(best, candidate=replace(best.candidate, config=config))
+    twin = replace(best, candidate=replace(best.candidate, offload=True))
     folded = replace(serial, candidates=[best, twin, *serial.candidates[1:]])
     text = plan_report(folded)
 
@@ -254,30 +253,28 @@ def test_the_report_folds_candidates_that_differ_only_in_their_switches(serial: 
 
 
 def test_training_settings_name_the_split_and_the_degrees(serial: Plan) -> None:
-    from pp_opt.plan.training import training_settings
+    from pp_opt.planner.training import training_settings
 
     best = serial.candidates[0]
     settings = training_settings(best, n_layers=6, global_batch=8, schedule_csv="best.csv")
     assert settings["layers"] == list(best.candidate.layers)
     torchtitan = settings["torchtitan"]
-    assert torchtitan["parallelism"]["pipeline_parallel_degree"] == best.candidate.config.pp
+    assert torchtitan["parallelism"]["pipeline_parallel_degree"] == best.job.pp
     assert "--parallelism.pipeline_parallel_schedule_csv" in torchtitan["flags"]
-    if best.candidate.config.placement == "v":
+    if best.job.placement == "v":
         assert "placement" in settings["megatron_note"]
     else:
         flags = settings["megatron"]
-        assert flags[flags.index("--pipeline-model-parallel-size") + 1] == str(
-            best.candidate.config.pp
-        )
-    assert serial.training["candidate"] == best.candidate.config.label()  # plan() fills it
+        assert flags[flags.index("--pipeline-model-parallel-size") + 1] == str(best.job.pp)
+    assert serial.training["candidate"] == best.candidate.label()  # plan() fills it
 
 
 def test_a_stop_request_ends_the_plan_with_what_was_solved() -> None:
-    from pp_opt.plan.search import NOT_SOLVED_INTERRUPTED
-    from pp_opt.solvers.interrupt import request_stop, stop_on_signals
+    from pp_opt.planner.search import NOT_SOLVED_INTERRUPTED
+    from pp_opt.solvers.process.stop import StopToken, stop_on_signals
 
-    with stop_on_signals():
-        request_stop("interrupted by a test")
+    with stop_on_signals(StopToken()) as token:
+        token.request("interrupted by a test")
         stopped = small_plan(workers=1)
     assert stopped.candidates == [] and stopped.baselines == []
     assert stopped.pruned[NOT_SOLVED_INTERRUPTED] > 0
@@ -291,7 +288,7 @@ def test_pruning_keeps_the_top_of_an_exhaustive_search(serial: Plan) -> None:
 
 
 def test_training_settings_without_a_csv_name_the_one_to_write(serial: Plan) -> None:
-    from pp_opt.plan.training import DEFAULT_CSV, training_settings
+    from pp_opt.planner.training import DEFAULT_CSV, training_settings
 
     settings = training_settings(serial.candidates[0], n_layers=6, global_batch=8)
     parallelism = settings["torchtitan"]["parallelism"]

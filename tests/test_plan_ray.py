@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from test_plan import small_plan, top
 
-from pp_opt.plan import PoolExecutor, RayExecutor
+from pp_opt.planner import PoolExecutor, RayExecutor
 
 ray = pytest.importorskip("ray")
 

@@ -8,12 +8,13 @@ import math
 import pytest
 from test_plan import TINY as TINY_CARD
 
-from pp_opt.plan.baselines import baseline_candidates, even_split, torchtitan_split
-from pp_opt.plan.candidates import config_splits, layout_of
-from pp_opt.plan.config import Config, Pins, PlanInputs
-from pp_opt.plan.space import enumerate_configs
-from pp_opt.plan.split import best_split, in_flight, memory_levels, split_model
-from pp_opt.plan.step import (
+from pp_opt.job import Job
+from pp_opt.planner.baselines import baseline_candidates, even_split, torchtitan_split
+from pp_opt.planner.candidates import config_splits
+from pp_opt.planner.config import Candidate, Pins, PlanInputs
+from pp_opt.planner.space import enumerate_configs
+from pp_opt.planner.split import best_split, in_flight, memory_levels, split_model
+from pp_opt.planner.step import (
     dp_sync_bound,
     dp_sync_ms,
     model_flops_per_sequence,
@@ -24,7 +25,7 @@ from pp_opt.plan.step import (
 from pp_opt.profiler import load_hardware_card, load_model_card, profile_costs
 from pp_opt.profiler.analytic import bytes_per_param, stage_costs, tp_comm_ms, unit_costs
 from pp_opt.profiler.cards import model_card_from_dict
-from pp_opt.profiler.layout import make_layout
+from pp_opt.profiler.layer_split import job_for_card
 
 H100 = load_hardware_card("h100-80gb")
 TINY = model_card_from_dict(TINY_CARD, "tiny")
@@ -34,7 +35,7 @@ def _inputs(gpus: int = 8, batch: int = 16, card=TINY) -> PlanInputs:
     return PlanInputs(model=card, hardware=H100, gpus=gpus, global_batch=batch, seq=card.seq)
 
 
-def _config(**over: object) -> Config:
+def _config(**over: object) -> Job:
     values: dict[str, object] = dict(
         tp=1,
         pp=2,
@@ -42,13 +43,16 @@ def _config(**over: object) -> Config:
         v=1,
         placement="loop",
         mbs=1,
-        m=8,
-        recompute=False,
-        offload=False,
+        microbatches=8,
+        seq=TINY.seq,
         optimizer_sharding=False,
     )
     values.update(over)
-    return Config(**values)  # type: ignore[arg-type]
+    return Job(**values)  # type: ignore[arg-type]
+
+
+def _candidate(**over: object) -> Candidate:
+    return Candidate(job=_config(**over), recompute=False, offload=False)
 
 
 # --- enumeration ---------------------------------------------------------------------------
@@ -62,7 +66,7 @@ def test_every_configuration_divides_the_job() -> None:
         "pp above the layers": 1,
         "pp * v above the layers": 9,
     }
-    for c in found.configs:
+    for c in (candidate.job for candidate in found.configs):
         assert c.tp * c.pp * c.dp == 8 and c.dp * c.mbs * c.m == 16
         assert c.pp * c.v <= TINY.layers and TINY.heads % c.tp == 0
         assert (c.placement == "v") == (c.v == 2 and c.placement == "v")
@@ -75,7 +79,7 @@ def test_the_count_follows_from_the_legal_values() -> None:
     pins = Pins(pp=(1,), mbs=(1,), v=(1,), placement=("loop",), recompute=False, offload=False)
     found = enumerate_configs(_inputs(gpus=4, batch=8), pins)
     # tp 1: dp 4 (sharding on/off), tp 2: dp 2 (on/off), tp 4: dp 1 (off only)
-    assert [(c.tp, c.dp, c.optimizer_sharding) for c in found.configs] == [
+    assert [(c.job.tp, c.job.dp, c.job.optimizer_sharding) for c in found.configs] == [
         (1, 4, False),
         (1, 4, True),
         (2, 2, False),
@@ -97,7 +101,7 @@ def test_pinned_values_that_do_not_divide_are_skipped_and_counted() -> None:
         optimizer_sharding=False,
     )
     found = enumerate_configs(_inputs(gpus=4, batch=8), pins)
-    assert [(c.pp, c.mbs, c.m, c.dp) for c in found.configs] == [(2, 1, 4, 2)]
+    assert [(c.job.pp, c.job.mbs, c.job.m, c.job.dp) for c in found.configs] == [(2, 1, 4, 2)]
     assert found.skipped == {
         "tp does not divide gpus_per_node (8)": 1,
         "tp * pp does not divide gpus": 1,
@@ -116,9 +120,9 @@ def test_static_bytes_follow_the_optimizer_sharding() -> None:
 
 def test_unit_costs_add_up_to_the_stage_costs() -> None:
     card = load_model_card("llama3-8b")
-    layout = make_layout(card, pp=4, microbatches=8, seq=4096, tp=2, layers=[7, 9, 9, 7])
-    units = unit_costs(card, H100, layout, tp_comm=True)
-    for st in stage_costs(card, H100, layout, tp_comm=True):
+    layout = job_for_card(card, Job(pp=4, microbatches=8, seq=4096, tp=2, layers=(7, 9, 9, 7)))
+    units = unit_costs(card, H100, layout)
+    for st in stage_costs(card, H100, layout):
         for key in ("t_f", "t_b", "t_w", "m_b", "m_w", "params"):
             want = st.layers * units.layer[key]
             want += units.embedding[key] if st.embedding else 0.0
@@ -126,11 +130,12 @@ def test_unit_costs_add_up_to_the_stage_costs() -> None:
             assert getattr(st, key) == pytest.approx(want, rel=1e-12)
 
 
-def test_tensor_parallel_collectives_are_opt_in() -> None:
-    plain = profile_costs(model="llama3-8b", hardware=H100, pp=2, tp=2, microbatches=4)
-    comm = profile_costs(model="llama3-8b", hardware=H100, pp=2, tp=2, microbatches=4, tp_comm=True)
+def test_tensor_parallel_collectives_are_in_unless_hidden() -> None:
+    plain = profile_costs(model="llama3-8b", hardware=H100, pp=2, tp=2, microbatches=4,
+                          tp_comm=False)  # fmt: skip
+    comm = profile_costs(model="llama3-8b", hardware=H100, pp=2, tp=2, microbatches=4)
     assert "tp_comm" not in plain["profile"] and comm["profile"]["tp_comm"] is True
-    layout = make_layout(load_model_card("llama3-8b"), pp=2, tp=2, microbatches=4)
+    layout = Job(pp=2, tp=2, microbatches=4, seq=8192)
     # 4 ring collectives of (t-1)/t of s*b*h bf16 at 450 GB/s, one 10 us latency each
     one = 0.5 * 2 * 8192 * 4096 / 450e9 + 10e-6
     assert tp_comm_ms(load_model_card("llama3-8b"), H100, layout) == pytest.approx(4e3 * one)
@@ -142,10 +147,8 @@ def test_tensor_parallel_collectives_are_opt_in() -> None:
 # --- layer split ------------------------------------------------------------------------------
 
 
-def _model(config: Config, card=TINY, cap: float | None = None):
-    inputs = _inputs(card=card)
-    layout = layout_of(inputs, config)
-    units = unit_costs(card, H100, layout, tp_comm=True)
+def _model(config: Job, card=TINY, cap: float | None = None):
+    units = unit_costs(card, H100, config)
     return split_model(
         config,
         units,
@@ -166,7 +169,7 @@ def _compositions(total: int, parts: int):
     ("pp", "v", "placement"), [(2, 1, "loop"), (3, 1, "loop"), (2, 2, "loop"), (2, 2, "v")]
 )
 def test_the_split_model_finds_the_brute_force_optimum(pp: int, v: int, placement: str) -> None:
-    model = _model(_config(pp=pp, v=v, placement=placement, m=6))
+    model = _model(_config(pp=pp, v=v, placement=placement, microbatches=6))
     for k in memory_levels(model):
         feasible = [s for s in _compositions(TINY.layers, pp * v) if model.fits(s, k)]
         best = best_split(model, k)
@@ -176,7 +179,7 @@ def test_the_split_model_finds_the_brute_force_optimum(pp: int, v: int, placemen
 
 def test_a_tight_cap_moves_layers_off_the_stages_that_keep_most_in_flight() -> None:
     card = load_model_card("llama3-8b")
-    config = _config(pp=4, m=16)
+    config = _config(pp=4, microbatches=16, seq=card.seq)
     tight = _model(config, card=card)
     # 1F1B keeps 4 microbatches on device 0: 9 layers there (with the static memory of the
     # embedding) do not fit 76 GiB, 9 on device 1 (3 in flight) do
@@ -206,7 +209,7 @@ def test_torchtitan_and_megatron_splits() -> None:
     assert torchtitan_split(22, 4) == (5, 6, 6, 5)
     assert torchtitan_split(32, 8) == (4, 5, 4, 4, 4, 4, 4, 3)
     assert even_split(32, 8) == (4,) * 8 and even_split(22, 8) is None
-    names = [(label, order) for label, order, _ in baseline_candidates(_config(pp=4), 32)]
+    names = [(label, order) for label, order, _ in baseline_candidates(_candidate(pp=4), 32)]
     assert names == [
         ("torchtitan", "1F1B"),
         ("torchtitan", "Interleaved1F1B"),
@@ -236,7 +239,7 @@ def test_dp_sync_hides_behind_the_cool_down() -> None:
 
 def test_step_time_and_its_rates() -> None:
     inputs = _inputs(gpus=4, batch=8)
-    config = _config(pp=2, dp=2, m=4)
+    config = _config(pp=2, dp=2, microbatches=4)
     figures = step_time(inputs, config, makespan=100.0, dp_sync=5.0, optimizer_step=2.0)
     assert figures.step_time == 107.0
     assert figures.tokens_per_s_per_gpu == pytest.approx(8 * 512 / 0.107 / 4)

@@ -11,7 +11,7 @@ from pp_opt.errors import ProblemError
 from pp_opt.problem_io import load_problem
 from pp_opt.profiler import load_model_card, profile_costs, profile_problem
 from pp_opt.profiler.formulas import LayerShape, layer_activation_bytes, layer_flops
-from pp_opt.profiler.layout import suggest_split
+from pp_opt.profiler.layer_split import suggest_split
 
 # DESIGN.md section 7: the Zero Bubble paper's A100 profiles (ms) at its layouts (p, m, mbs).
 PAPER = {

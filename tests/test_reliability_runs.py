@@ -16,11 +16,11 @@ from order_helpers import overtaking_schedule
 
 import pp_opt
 from pp_opt.cli import exit_codes
-from pp_opt.cli.common import problem_with_overrides
 from pp_opt.dag import dag_for
 from pp_opt.ops import OpKey, OpKind
 from pp_opt.orders import candidates
 from pp_opt.problem import Problem, uniform_problem
+from pp_opt.problem_overrides import problem_with_overrides
 from pp_opt.runtime_rules import in_runtime_order, runtime_chains
 from pp_opt.simulator import retime
 from pp_opt.solvers.base import SolveOptions

@@ -25,7 +25,7 @@ from pp_opt.ops import OpKind  # noqa: E402
 from pp_opt.problem_io import problem_from_costs  # noqa: E402
 from pp_opt.profiler import profile_costs  # noqa: E402
 from pp_opt.profiler.cards import model_card_from_dict  # noqa: E402
-from pp_opt.runtime.plans import plan_schedule, plan_schedules, retime  # noqa: E402
+from pp_opt.runtime.plans import plan_schedule, plan_schedules, with_measured_times  # noqa: E402
 from pp_opt.schedule_io import dumps_schedule  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
@@ -94,7 +94,7 @@ def test_interleaved_rounds_report_iterations_ranks_and_op_times(decoder_runs):
     assert set(ranks[0]["profiles"][0]) == {
         f"{k}{s}" for k in ("F", "B", "W", "BW") for s in (0, 1)
     }
-    retimed = retime(schedules["1f1b"], compare["1f1b"]["actions"])
+    retimed = with_measured_times(schedules["1f1b"], compare["1f1b"]["actions"])
     assert retimed.problem.stages[0].t_f == compare["1f1b"]["actions"]["F0"]
     assert retimed.metrics.makespan > 0
 

@@ -20,8 +20,8 @@ from pp_opt.export.torchtitan import (
     torchtitan_settings,
 )
 from pp_opt.ops import OpKey, OpKind
-from pp_opt.orders.classic import one_f_one_b
 from pp_opt.orders.common import SPLIT, compute_order
+from pp_opt.orders.patterns.classic import one_f_one_b
 from pp_opt.problem import uniform_problem
 from pp_opt.schedule import Schedule
 from pp_opt.simulator import simulate
@@ -206,7 +206,7 @@ def test_an_infeasible_plan_writes_and_claims_no_schedule(
 def test_an_offloading_best_names_the_best_without_offload(offload_schedule: Schedule) -> None:
     from test_plan import small_plan
 
-    from pp_opt.plan.training import plan_training
+    from pp_opt.planner.training import plan_training
     from pp_opt.schedule_io import schedule_to_dict
 
     plan = small_plan(workers=1)

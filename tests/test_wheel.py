@@ -44,9 +44,10 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_wheel_ships_cards_and_type_information(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "pp_opt/py.typed" in names
-    cards = {f"pp_opt/cards/{path.name}" for path in (ROOT / "models").glob("*.toml")}
-    assert {"pp_opt/cards/zb-1.5b.toml", "pp_opt/cards/llama3.1-405b.toml"} <= cards <= names
-    assert "pp_opt/cards/README.md" in names
+    cards = {f"pp_opt/card_files/{path.name}" for path in (ROOT / "models").glob("*.toml")}
+    shipped = {"pp_opt/card_files/zb-1.5b.toml", "pp_opt/card_files/llama3.1-405b.toml"}
+    assert shipped <= cards <= names
+    assert "pp_opt/card_files/README.md" in names
 
 
 def test_installed_wheel_solves_by_card_name(wheel: Path, tmp_path: Path) -> None:

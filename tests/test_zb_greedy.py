@@ -9,8 +9,8 @@ import pytest
 
 from pp_opt.errors import NoOrderError
 from pp_opt.orders import candidates
-from pp_opt.orders.zb_greedy import zb_greedy
-from pp_opt.orders.zb_v_greedy import zb_v_greedy
+from pp_opt.orders.greedy.zb_greedy import zb_greedy
+from pp_opt.orders.greedy.zb_v_greedy import zb_v_greedy
 from pp_opt.problem import Device, uniform_problem
 from pp_opt.problem_io import load_problem, resplit
 from pp_opt.schedule import Schedule

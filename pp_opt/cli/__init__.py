@@ -68,13 +68,16 @@ def main(argv: list[str] | None = None) -> None:
     stop a running search, which keeps and saves its best schedule (exit 130); a second
     one aborts. Anything else is a bug and keeps its traceback.
     """
-    from pp_opt.solvers.interrupt import stop_on_signals
+    from pp_opt.cli.stopping import new_run_token
+    from pp_opt.solvers.process.stop import stop_on_signals
 
     click_error, no_args = _click_exceptions()
     reset()
     relax_garbage_collection()
     try:
-        with stop_on_signals():
+        # The run's stop token (pp_opt.cli.stopping): the signal handler requests it, the
+        # commands pass it to the library.
+        with stop_on_signals(new_run_token()):
             code = app(args=argv, prog_name="pp-opt", standalone_mode=False)
     except PPOptError as err:
         say(f"error: {err.describe(flag)}", err=True)

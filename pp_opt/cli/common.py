@@ -1,17 +1,15 @@
-"""Options shared by several commands, the flag of each library argument, and overrides."""
+"""Options shared by several commands and the flag of each library argument (the overrides
+are :mod:`pp_opt.problem_overrides`)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import typer
 
 from pp_opt.errors import ProblemError
-from pp_opt.problem import Device, Problem
-from pp_opt.problem_io import load_problem, resplit
 from pp_opt.schedule import Schedule
 
 FLAGS = {
+    "activation_checkpoint": "--recompute",
     "bytes_per_param": "--bytes-per-param",
     "cap": "--cap",
     "drop_offload": "--drop-offload",
@@ -102,55 +100,3 @@ def chunks_per_device(v: int | None, **former: int | None) -> int | None:
             if v is None:
                 v = value
     return v
-
-
-def problem_with_overrides(
-    path: Path,
-    *,
-    cap: float | None = None,
-    placement: str | None = None,
-    v: int | None = None,
-    objective: str | None = None,
-    offload: bool | None = None,
-    recompute: bool | None = None,
-) -> Problem:
-    """Load a problem file and apply the command-line overrides to it (each one checked)."""
-    problem = load_problem(path)
-    if placement is not None or v is not None:
-        target = placement or ("loop" if problem.placement == "explicit" else problem.placement)
-        chunks = v if v is not None else (2 if target == "v" else problem.v)
-        problem = resplit(problem, target, chunks)
-    return apply_overrides(
-        problem, cap=cap, objective=objective, offload=offload, recompute=recompute
-    )
-
-
-def apply_overrides(
-    problem: Problem,
-    *,
-    cap: float | None = None,
-    objective: str | None = None,
-    offload: bool | None = None,
-    recompute: bool | None = None,
-) -> Problem:
-    """The problem with the cap of every device and the switches the user gave replaced."""
-    changes: dict[str, object] = {}
-    if cap is not None:
-        _check_cap_above_static(problem, cap)
-        changes["devices"] = tuple(Device(cap=cap, static=d.static) for d in problem.devices)
-    for name, value in (("objective", objective), ("offload", offload), ("recompute", recompute)):
-        if value is not None:
-            changes[name] = value
-    return problem.replace(**changes) if changes else problem
-
-
-def _check_cap_above_static(problem: Problem, cap: float) -> None:
-    """A ``--cap`` below some device's static memory is infeasible: say the cap that works."""
-    from pp_opt.bounds import device_min_memory
-    from pp_opt.errors import InfeasibleError
-
-    short = [d for d, device in enumerate(problem.devices) if cap < device.static]
-    if short:
-        need = device_min_memory(problem)
-        raise InfeasibleError(device=short[0], need=need[short[0]], cap=cap, min_cap=max(need),
-                              unit=problem.unit)  # fmt: skip

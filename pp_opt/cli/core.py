@@ -16,9 +16,9 @@ from pp_opt.cli.common import (
     VOption,
     checked_for_output,
     chunks_per_device,
-    problem_with_overrides,
 )
 from pp_opt.cli.output import say
+from pp_opt.problem_overrides import problem_with_overrides
 
 
 def baseline(
@@ -44,7 +44,7 @@ def baseline(
 ) -> None:
     """Time a classic or rule schedule on a problem, validate it, and show or save it."""
     from pp_opt.orders import baseline as run_baseline
-    from pp_opt.report import metrics_table
+    from pp_opt.schedule_text import metrics_table
 
     if output is not None:
         check_writable(output)
@@ -89,8 +89,8 @@ def show(
 ) -> None:
     """Print a schedule's metrics and a Gantt chart drawn in the terminal (valid ones only,
     unless --force)."""
-    from pp_opt.report import metrics_table, text_gantt
     from pp_opt.schedule_io import load_schedule
+    from pp_opt.schedule_text import metrics_table, text_gantt
 
     schedule = load_schedule(schedule_path)
     gantt = text_gantt(schedule, width=width)  # checks --width first

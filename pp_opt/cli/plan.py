@@ -17,9 +17,9 @@ from pp_opt.errors import ProblemError
 from pp_opt.frameworks.torchtitan import DEFAULT_RELEASE
 
 if TYPE_CHECKING:
-    from pp_opt.plan import Plan
-    from pp_opt.plan.search import PlanProgress
-    from pp_opt.plan.training import TorchtitanChoice
+    from pp_opt.planner import Plan
+    from pp_opt.planner.search import PlanProgress
+    from pp_opt.planner.training import TorchtitanChoice
 
 
 def _ints(flag_name: str, text: str | None) -> tuple[int, ...] | None:
@@ -130,9 +130,9 @@ def plan(
     """
     from pp_opt.frameworks.torchtitan import activation_checkpoint as check_ac
     from pp_opt.frameworks.torchtitan import release
-    from pp_opt.plan import Pins
-    from pp_opt.plan import plan as run_plan
-    from pp_opt.plan.training import plan_training
+    from pp_opt.planner import Pins
+    from pp_opt.planner import plan as run_plan
+    from pp_opt.planner.training import plan_training
 
     release(torchtitan)
     check_ac(activation_checkpoint)
@@ -154,13 +154,13 @@ def plan(
     written = _write_outputs(result, choice, output=output, schedule=schedule,
                              torch_csv=torch_csv, plot=plot, config=torchtitan_config,
                              base=base)  # fmt: skip
-    from pp_opt.plan.report import plan_report
+    from pp_opt.planner.report import plan_report
 
     say(plan_report(result, top=5 if quiet else 10))
     _say_run(result, choice.settings, base=base, config=torchtitan_config)
     for path in written:
         say(f"wrote {path}")
-    from pp_opt.solvers.interrupt import stop_requested
+    from pp_opt.solvers.process.stop import stop_requested
 
     reason = stop_requested()
     if reason is not None:
@@ -214,7 +214,7 @@ def _write_outputs(
         text = torchtitan_config_file(choice.settings["torchtitan"], base=base, title=title)
         written.append(write_config_file(config, text))
     if plot is not None and result.candidates:
-        from pp_opt.plan.plot import save_plan_figure
+        from pp_opt.planner.plot import save_plan_figure
 
         save_plan_figure(result, plot)
         written.append(plot)

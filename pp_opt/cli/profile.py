@@ -39,19 +39,20 @@ def profile(
     ),
 ) -> None:
     """Profile per-stage costs (analytic, or measured with --measure) and print them."""
-    from pp_opt.profiler import profile_costs
+    from pp_opt.profiler import profile_of
     from pp_opt.profiler.costs import costs_table
 
     if output is not None:
         check_writable(output)
     chunks = chunks_per_device(v, vpp=vpp) or 1
     card = None if hardware is None else str(hardware)  # None: 'cpu' when measuring on a CPU
-    data = profile_costs(
+    profile = profile_of(
         model=str(model), hardware=card, pp=pp, v=chunks, placement=placement,
         microbatches=microbatches, mbs=mbs, seq=seq, tp=tp, layers=layers_per_stage(layers),
         measure=measure, recompute=recompute, bytes_per_param=bytes_per_param, repeats=repeats,
         threads=threads, warmup=warmup, concurrent=concurrent,
     )  # fmt: skip
+    data = profile.to_dict()
     if output is not None:
         write_text(output, json.dumps(data, indent=1) + "\n")
     say(costs_table(data))
@@ -61,7 +62,7 @@ def profile(
 
 def models() -> None:
     """List the bundled model and hardware cards (use their names with --model/--hardware)."""
-    from pp_opt.cards import card_infos
+    from pp_opt.card_files import card_infos
 
     infos = card_infos()
     width = max(len(info.name) for info in infos)

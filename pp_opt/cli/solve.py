@@ -20,14 +20,14 @@ from pp_opt.cli.common import (
     QuietOption,
     VOption,
     VppAlias,
-    apply_overrides,
     chunks_per_device,
     layers_per_stage,
-    problem_with_overrides,
 )
 from pp_opt.cli.output import say
+from pp_opt.cli.stopping import run_token, stop_reason
 from pp_opt.errors import Interrupted, OutputError, PPOptError, ProblemError, TimeLimitError
 from pp_opt.problem import Problem
+from pp_opt.problem_overrides import apply_overrides, problem_with_overrides
 from pp_opt.schedule import Schedule, Status
 from pp_opt.solvers.base import Progress
 from pp_opt.solvers.result import SolveResult
@@ -128,7 +128,7 @@ def solve(
     Ctrl-C or SIGTERM stops the search and writes the best schedule found so far (exit
     130); a second one aborts. The output path is checked before solving.
     """
-    from pp_opt.report import metrics_table
+    from pp_opt.schedule_text import metrics_table
 
     if output is not None:
         check_writable(output)
@@ -179,12 +179,12 @@ def _run_solver(problem: Problem, *, quiet: bool, **options: Any) -> SolveResult
     """The solver's result; "interrupted" (exit 130) rather than "time limit" (exit 3)
     when a signal ended the run before any schedule was found."""
     from pp_opt.solvers import solve as run_solver
-    from pp_opt.solvers.interrupt import stop_requested
 
     try:
-        return run_solver(problem, progress=_progress_printer(quiet), **options)
+        return run_solver(problem, progress=_progress_printer(quiet), stop=run_token(),
+                          **options)  # fmt: skip
     except TimeLimitError:
-        reason = stop_requested()
+        reason = stop_reason()
         if reason is not None:
             raise Interrupted(f"{reason} before any schedule was found; nothing written") from None
         raise
@@ -193,9 +193,7 @@ def _run_solver(problem: Problem, *, quiet: bool, **options: Any) -> SolveResult
 def _say_how_it_ended(schedule: Schedule, time_limit: float, *, wrote: bool) -> None:
     """Say plainly when the run was interrupted (then exit 130) or stopped by its time
     limit before proving optimality."""
-    from pp_opt.solvers.interrupt import stop_requested
-
-    reason = stop_requested()
+    reason = stop_reason()
     if reason is not None:
         kept = "wrote the best schedule found so far" if wrote else "best schedule shown above"
         say(f"{reason}: {kept}", err=True)

@@ -9,17 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pp_opt.errors import ProblemError
-from pp_opt.orders.classic import gpipe, interleaved_1f1b, one_f_one_b
 from pp_opt.orders.common import OrderGenerator
-from pp_opt.orders.controllable_memory import v_half, v_min
-from pp_opt.orders.list_schedules import fallback, greedy_bfw, greedy_lazy_w
-from pp_opt.orders.pipeoffload import pipeoffload
-from pp_opt.orders.pytorch_schedules import DESCRIPTIONS as PYTORCH_DESCRIPTIONS
-from pp_opt.orders.pytorch_schedules import GENERATORS as PYTORCH_GENERATORS
-from pp_opt.orders.vshape import zb_v
-from pp_opt.orders.zb_greedy import zb_greedy
-from pp_opt.orders.zb_v_greedy import zb_v_greedy
-from pp_opt.orders.zero_bubble import zb_h1, zb_h2
+from pp_opt.orders.greedy.zb_greedy import zb_greedy
+from pp_opt.orders.greedy.zb_v_greedy import zb_v_greedy
+from pp_opt.orders.memory.controllable_memory import v_half, v_min
+from pp_opt.orders.memory.list_schedules import fallback, greedy_bfw, greedy_lazy_w
+from pp_opt.orders.memory.pipeoffload import pipeoffload
+from pp_opt.orders.patterns.classic import gpipe, interleaved_1f1b, one_f_one_b
+from pp_opt.orders.patterns.pytorch_schedules import DESCRIPTIONS as PYTORCH_DESCRIPTIONS
+from pp_opt.orders.patterns.pytorch_schedules import GENERATORS as PYTORCH_GENERATORS
+from pp_opt.orders.patterns.vshape import zb_v
+from pp_opt.orders.patterns.zero_bubble import zb_h1, zb_h2
 
 OPTIONS = ("fraction", "deadline")
 """Keyword options a generator may take besides the problem."""
@@ -39,7 +39,7 @@ class Entry:
     """Tried by :func:`pp_opt.orders.candidates` (when it keeps the problem's placement)."""
     offload_base: bool = False
     """With offload allowed, its order made without the caps is also tried with copies in
-    its gaps (:func:`pp_opt.orders.offload_warm.with_offloads`)."""
+    its gaps (:func:`pp_opt.orders.offload.offload_warm.with_offloads`)."""
     placements: frozenset[str] | None = None
     """Placements whose problems it keeps (a warm start is only tried on those); None for
     any. ``v-half`` on a ``loop`` problem, say, re-splits it: fine for ``pp-opt baseline``,
@@ -95,7 +95,7 @@ REGISTRY: dict[str, Entry] = {
     "pipeoffload": _searched(
         pipeoffload, "PipeOffload: group-interleaved 1F1B with offloaded chunks", "loop"
     ),
-    # PyTorch's schedules under PyTorch's names (pp_opt.orders.pytorch_schedules): run by
+    # PyTorch's schedules under PyTorch's names (pp_opt.orders.patterns.pytorch_schedules): run by
     # name only; the same orders that pp_opt already has are listed above.
     **{
         name: Entry(generator=generator, description=PYTORCH_DESCRIPTIONS[name])

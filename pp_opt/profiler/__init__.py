@@ -1,8 +1,10 @@
-"""Cost profiler: from a model card, a hardware card and a parallel layout to stage costs.
+"""Cost profiler: from a model card, a hardware card and a job to stage costs.
 
-``profile_costs`` returns the cost profile JSON (``"format": "pp-opt.costs"``);
-``profile_problem`` returns the Problem it describes. Costs come from formulas (analytic, the
-default) or from timing real PyTorch modules on the device at hand (``measure=True``).
+``profile_job`` returns the :class:`CostProfile` of one :class:`~pp_opt.job.Job`, and
+:func:`problem_from_profile` the Problem it describes; ``profile_costs`` (its file,
+``"format": "pp-opt.costs"``) and ``profile_problem`` take the job's fields as keywords.
+Costs come from formulas (analytic, the default) or from timing real PyTorch modules on the
+device at hand (``measure=True``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 from pp_opt.arguments import integer
 from pp_opt.compat import renamed
 from pp_opt.errors import ProblemError
+from pp_opt.job import Job
 from pp_opt.problem import Problem
 from pp_opt.problem_io import problem_from_costs
 from pp_opt.profiler.analytic import profile_analytic
@@ -22,22 +25,51 @@ from pp_opt.profiler.cards import (
     load_hardware_card,
     load_model_card,
 )
-from pp_opt.profiler.costs import costs_dict
-from pp_opt.profiler.layout import Layout, make_layout
+from pp_opt.profiler.costs import CostProfile, LinkCosts, StageCost, problem_from_profile
+from pp_opt.profiler.layer_split import job_for_card
 
 __all__ = [
+    "CostProfile",
     "HardwareCard",
-    "Layout",
+    "Job",
+    "LinkCosts",
     "ModelCard",
+    "StageCost",
     "load_hardware_card",
     "load_model_card",
     "problem_from_costs",
+    "problem_from_profile",
     "profile_costs",
+    "profile_job",
+    "profile_of",
     "profile_problem",
 ]
 
 
-def profile_costs(
+def profile_job(
+    job: Job,
+    *,
+    model: str | Path | ModelCard,
+    hardware: str | Path | HardwareCard | None = None,
+    measure: bool = False,
+    **measuring: Any,
+) -> CostProfile:
+    """The cost profile of ``job`` (layers split evenly unless it gives them).
+
+    ``measuring``: ``repeats``, ``warmup``, ``threads``, ``concurrent`` of a measured profile
+    (see :func:`profile_of`).
+    """
+    card = load_model_card(model)
+    hw = load_hardware_card(_default_hardware(hardware, measure))
+    profile = profile_analytic(card, hw, job_for_card(card, job))
+    if measure:
+        from pp_opt.profiler.measured import measure_profile
+
+        profile = measure_profile(card, hw, profile, **measuring)
+    return profile
+
+
+def profile_of(
     *,
     model: str | Path | ModelCard,
     hardware: str | Path | HardwareCard | None = None,
@@ -57,9 +89,9 @@ def profile_costs(
     threads: int | None = None,
     vpp: int | None = None,
     concurrent: bool = False,
-    tp_comm: bool = False,
-) -> dict[str, Any]:
-    """Profile one layout and return its cost profile JSON (a dict).
+    tp_comm: bool = True,
+) -> CostProfile:
+    """Profile one configuration given by its fields and return its :class:`CostProfile`.
 
     Parameters
     ----------
@@ -96,8 +128,8 @@ def profile_costs(
     vpp
         Former name of ``v`` (deprecated).
     tp_comm
-        Add the tensor-parallel collectives to each layer's F and B (analytic profiles; off
-        by default, as profiles were made before; the planner turns it on).
+        The tensor-parallel collectives are exposed: added to each layer's F and B when
+        ``tp > 1`` (the one cost model of ``profile``, ``solve --model`` and ``plan``).
     """
     v = renamed("vpp", vpp, "v", v)
     integer("repeats", repeats, low=1, high=100_000)
@@ -105,25 +137,19 @@ def profile_costs(
     if threads is not None:
         integer("threads", threads, low=1, high=1024)
     card = load_model_card(model)
-    hw = load_hardware_card(_default_hardware(hardware, measure))
-    layout = make_layout(
-        card, pp=pp, v=v, placement=placement, microbatches=microbatches, mbs=mbs, seq=seq,
-        tp=tp, layers=layers, recompute=recompute, bytes_per_param=bytes_per_param,
+    job = Job(
+        pp=pp, v=v, placement=placement, microbatches=microbatches, mbs=mbs,
+        seq=card.seq if seq is None else seq, tp=tp, layers=tuple(layers or ()),
+        activation_checkpoint=recompute, bytes_per_param=bytes_per_param, tp_comm=tp_comm,
     )  # fmt: skip
-    profile = profile_analytic(card, hw, layout, tp_comm=tp_comm)
-    kind = "analytic"
-    if measure:
-        from pp_opt.profiler.measured import measure_profile
+    measuring = dict(repeats=repeats, warmup=warmup, threads=threads, concurrent=concurrent)
+    return profile_job(job, model=card, hardware=hardware, measure=measure, **measuring)
 
-        profile = measure_profile(
-            card, hw, layout, profile, repeats=repeats, warmup=warmup, threads=threads,
-            concurrent=concurrent,
-        )  # fmt: skip
-        kind = "measured"
-    data = costs_dict(kind=kind, card=card, hw=hw, layout=layout, **profile)
-    if tp_comm:
-        data["profile"]["tp_comm"] = True
-    return data
+
+def profile_costs(**options: Any) -> dict[str, Any]:
+    """Profile one configuration and return its cost profile file (a dict); the keywords
+    are those of :func:`profile_of`."""
+    return profile_of(**options).to_dict()
 
 
 def profile_problem(
@@ -147,9 +173,9 @@ def profile_problem(
     Parameters
     ----------
     model, hardware, pp, v, placement, microbatches, mbs, seq, tp, layers, measure
-        As in :func:`profile_costs`; ``vpp`` is the former name of ``v`` (deprecated).
+        As in :func:`profile_of`; ``vpp`` is the former name of ``v`` (deprecated).
     **options
-        The other keywords of :func:`profile_costs` (``recompute``, ``bytes_per_param``,
+        The other keywords of :func:`profile_of` (``recompute``, ``bytes_per_param``,
         ``repeats``, ``warmup``, ``threads``).
 
     Returns
@@ -159,12 +185,12 @@ def profile_problem(
         ``extra["profile"]``.
     """
     v = renamed("vpp", vpp, "v", v)
-    data = profile_costs(
+    profile = profile_of(
         model=model, hardware=hardware, pp=pp, v=v, placement=placement,
         microbatches=microbatches, mbs=mbs, seq=seq, tp=tp, layers=layers, measure=measure,
         **options,
     )  # fmt: skip
-    return problem_from_costs(data)
+    return problem_from_profile(profile)
 
 
 def _default_hardware(

@@ -16,20 +16,23 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Any
 
 from pp_opt.errors import ProblemError
-from pp_opt.profiler.cards import GB, GIB, HardwareCard, ModelCard
+from pp_opt.job import Job
+from pp_opt.profiler.cards import GIB, HardwareCard, ModelCard
+from pp_opt.profiler.comm import gemm_ms, hbm_ms, node_link, p2p_ms, ring_all_gather_ms
+from pp_opt.profiler.costs import CostProfile, LinkCosts, StageCost
 from pp_opt.profiler.formulas import (
     LayerShape,
     activation_terms,
     embedding_params,
+    head_flops,
     head_params,
     layer_activation_bytes,
     layer_flops,
     layer_params,
 )
-from pp_opt.profiler.layout import Layout
+from pp_opt.profiler.layer_split import stage_total
 
 log = logging.getLogger(__name__)
 
@@ -41,73 +44,42 @@ LOSS_PASSES = 4.0
 """HBM passes over the fp32 logits by the softmax cross-entropy (F and B each): an estimate."""
 
 
-@dataclass(kw_only=True, slots=True)
-class StageCost:
-    """Costs of one microbatch on one stage, in ms and bytes, before they become a Stage."""
-
-    device: int
-    layers: int
-    t_f: float = 0.0
-    t_b: float = 0.0
-    t_w: float = 0.0
-    m_b: float = 0.0
-    m_w: float = 0.0
-    m_in: float = 0.0
-    params: float = 0.0
-    """Parameters on this GPU (already divided by the tensor-parallel degree)."""
-    embedding: bool = False
-    head: bool = False
-    t_bw: float | None = None
-    """Fused backward when it is not ``t_b + t_w`` (measured profiles)."""
-    t_offload: float | None = None
-    """Measured OFFLOAD time; None: from ``m_b`` and the copy bandwidth."""
-    t_reload: float | None = None
-    """Measured RELOAD time; None: from ``m_b`` and the copy bandwidth."""
-    timings: dict[str, Any] | None = None
-    """Measured spread per cost (median, iqr, min, max, repeats), keyed like the costs."""
-
-
-def layer_shape(card: ModelCard, layout: Layout, **over: object) -> LayerShape:
+def layer_shape(card: ModelCard, job: Job, **over: object) -> LayerShape:
     return LayerShape.of(
-        card, s=layout.seq, b=layout.mbs, tp=layout.tp, recompute=layout.recompute, **over
+        card, s=job.seq, b=job.mbs, tp=job.tp, recompute=job.activation_checkpoint, **over
     )
 
 
 def layer_times(shape: LayerShape, hw: HardwareCard) -> tuple[float, float, float]:
     """``(t_f, t_b, t_w)`` of one layer in ms."""
     f, b, w = layer_flops(shape)
-    rate = hw.peak_flops * hw.gemm_efficiency
-    bandwidth = hw.hbm_gbs * GB * hw.hbm_efficiency
     plain = replace(shape, recompute="none")
     hidden_bytes = sum(v for k, v in activation_terms(plain).items() if not k.endswith("scores"))
-    t_f = f / rate + FORWARD_PASSES * hidden_bytes / bandwidth
-    t_b = b / rate + BACKWARD_PASSES * hidden_bytes / bandwidth
-    return 1e3 * t_f, 1e3 * t_b, 1e3 * w / rate
+    t_f = gemm_ms(f, hw) + FORWARD_PASSES * hbm_ms(hidden_bytes, hw)
+    t_b = gemm_ms(b, hw) + BACKWARD_PASSES * hbm_ms(hidden_bytes, hw)
+    return t_f, t_b, gemm_ms(w, hw)
 
 
-def head_costs(card: ModelCard, layout: Layout, hw: HardwareCard) -> dict[str, float]:
+def head_costs(card: ModelCard, job: Job, hw: HardwareCard) -> dict[str, float]:
     """Final norm, output layer and softmax cross-entropy (last stage), per GPU."""
-    sb, h, t, e = layout.seq * layout.mbs, card.hidden, layout.tp, card.dtype_bytes
-    flops = 2.0 * sb * h * card.vocab / t
+    sb, h, t, e = job.seq * job.mbs, card.hidden, job.tp, card.dtype_bytes
+    gemm = gemm_ms(head_flops(card, sb) / t, hw)
     logits = 4.0 * sb * card.vocab / t  # fp32 softmax kept by the loss for its backward
-    rate = hw.peak_flops * hw.gemm_efficiency
-    bandwidth = hw.hbm_gbs * GB * hw.hbm_efficiency
-    elementwise = LOSS_PASSES * logits / bandwidth
+    elementwise = LOSS_PASSES * hbm_ms(logits, hw)
     stats = 8 if card.norm == "layernorm" else 4
     return {
-        "t_f": 1e3 * (flops / rate + elementwise),
-        "t_b": 1e3 * (flops / rate + elementwise),
-        "t_w": 1e3 * flops / rate,
+        "t_f": gemm + elementwise,
+        "t_b": gemm + elementwise,
+        "t_w": gemm,
         "m_b": ((2 * e * h + stats) * sb) / t + logits,
         "m_w": (e * h + e * card.vocab) * sb / t,
     }
 
 
-def embedding_costs(card: ModelCard, layout: Layout, hw: HardwareCard) -> dict[str, float]:
+def embedding_costs(card: ModelCard, job: Job, hw: HardwareCard) -> dict[str, float]:
     """Embedding gather (F) and its gradient scatter-add (W), first stage, per GPU."""
-    sb, e = layout.seq * layout.mbs, card.dtype_bytes
-    moved = 2.0 * e * sb * card.hidden / layout.tp
-    ms = 1e3 * moved / (hw.hbm_gbs * GB * hw.hbm_efficiency)
+    sb, e = job.seq * job.mbs, card.dtype_bytes
+    ms = hbm_ms(2.0 * e * sb * card.hidden / job.tp, hw)
     return {"t_f": ms, "t_b": 0.0, "t_w": ms, "m_b": 8.0 * sb, "m_w": 0.0}
 
 
@@ -116,19 +88,16 @@ TP_COLLECTIVES = 4
 before and a reduce-scatter after each of attention and the MLP (Megatron-LM)."""
 
 
-def tp_comm_ms(card: ModelCard, hw: HardwareCard, layout: Layout) -> float:
+def tp_comm_ms(card: ModelCard, hw: HardwareCard, job: Job) -> float:
     """Time of one layer's tensor-parallel collectives in F (the same in B, none in W), ms.
 
     Each of :data:`TP_COLLECTIVES` ring collectives moves ``(t - 1) / t`` of the layer's
     ``s b h`` activation per GPU at the intra-node bandwidth (``tp`` stays inside a node)
     and pays ``t - 1`` latencies; 0 when ``tp = 1``.
     """
-    t = layout.tp
-    if t == 1:
-        return 0.0
-    full = card.dtype_bytes * layout.seq * layout.mbs * card.hidden
-    one = (t - 1) / t * full / (hw.intra_node_gbs * GB) + (t - 1) * hw.intra_node_latency_us * 1e-6
-    return 1e3 * TP_COLLECTIVES * one
+    full = card.dtype_bytes * job.seq * job.mbs * card.hidden
+    one = ring_all_gather_ms(full, job.tp, *node_link(hw, spans_nodes=False))
+    return TP_COLLECTIVES * one
 
 
 def bytes_per_param(
@@ -167,79 +136,64 @@ class UnitCosts:
     m_in_first: float
     """``m_in`` of the first stage (token ids)."""
 
-
-def unit_costs(
-    card: ModelCard, hw: HardwareCard, layout: Layout, *, tp_comm: bool = False
-) -> UnitCosts:
-    """The per-layer costs :func:`stage_costs` sums, for a planner that splits layers itself."""
-    shape = layer_shape(card, layout)
-    t_f, t_b, t_w = _layer_times(card, hw, layout, shape, tp_comm)
-    m_b, m_w = layer_activation_bytes(shape)
-    layer = {"t_f": t_f, "t_b": t_b, "t_w": t_w, "m_b": m_b, "m_w": m_w,
-             "params": layer_params(card) / layout.tp}  # fmt: skip
-    embedding = embedding_costs(card, layout, hw)
-    embedding["params"] = embedding_params(card) / layout.tp
-    head = head_costs(card, layout, hw)
-    head["params"] = head_params(card) / layout.tp
-    stage_input = card.dtype_bytes * layout.seq * layout.mbs * card.hidden / layout.tp
-    return UnitCosts(layer=layer, embedding=embedding, head=head, m_in=stage_input,
-                     m_in_first=8.0 * layout.seq * layout.mbs)  # fmt: skip
+    def parts(self) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+        return self.layer, self.embedding, self.head
 
 
-def _layer_times(
-    card: ModelCard, hw: HardwareCard, layout: Layout, shape: LayerShape, tp_comm: bool
-) -> tuple[float, float, float]:
-    t_f, t_b, t_w = layer_times(shape, hw)
-    if tp_comm and layout.tp > 1:
-        comm = tp_comm_ms(card, hw, layout)
-        return t_f + comm, t_b + comm, t_w
-    return t_f, t_b, t_w
+def job_bytes_per_param(job: Job) -> float:
+    """The job's static bytes per parameter: its own, else from its optimizer sharding."""
+    if job.bytes_per_param is not None:
+        return float(job.bytes_per_param)
+    return bytes_per_param(dp=job.dp, optimizer_sharding=job.optimizer_sharding)
 
 
-def stage_costs(
-    card: ModelCard, hw: HardwareCard, layout: Layout, *, tp_comm: bool = False
-) -> list[StageCost]:
-    """Per-stage costs of ``layout``: its layers, plus the embedding and the output layer.
+def unit_costs(card: ModelCard, hw: HardwareCard, job: Job) -> UnitCosts:
+    """The per-layer costs :func:`stage_costs` sums, for a planner that splits layers itself.
 
-    ``tp_comm`` adds the tensor-parallel collectives (:func:`tp_comm_ms`) to each layer's
-    F and B (off by default: profiles made without it stay as they were).
+    The tensor-parallel collectives (:func:`tp_comm_ms`) are in each layer's F and B when
+    ``tp > 1`` and the job exposes them (``job.tp_comm``).
     """
-    shape = layer_shape(card, layout)
-    t_layer = _layer_times(card, hw, layout, shape, tp_comm)
-    m_b_layer, m_w_layer = layer_activation_bytes(shape)
-    p_layer = layer_params(card) / layout.tp
-    stage_input = card.dtype_bytes * layout.seq * layout.mbs * card.hidden / layout.tp
-    last = layout.num_stages - 1
+    t_f, t_b, t_w = layer_times(layer_shape(card, job), hw)
+    if job.tp_comm and job.tp > 1:
+        comm = tp_comm_ms(card, hw, job)
+        t_f, t_b = t_f + comm, t_b + comm
+    m_b, m_w = layer_activation_bytes(layer_shape(card, job))
+    layer = {"t_f": t_f, "t_b": t_b, "t_w": t_w, "m_b": m_b, "m_w": m_w,
+             "params": layer_params(card) / job.tp}  # fmt: skip
+    embedding = embedding_costs(card, job, hw)
+    embedding["params"] = embedding_params(card) / job.tp
+    head = head_costs(card, job, hw)
+    head["params"] = head_params(card) / job.tp
+    stage_input = card.dtype_bytes * job.seq * job.mbs * card.hidden / job.tp
+    return UnitCosts(layer=layer, embedding=embedding, head=head, m_in=stage_input,
+                     m_in_first=8.0 * job.seq * job.mbs)  # fmt: skip
+
+
+def stage_costs(card: ModelCard, hw: HardwareCard, job: Job) -> list[StageCost]:
+    """Per-stage costs of ``job`` (its layers split): ``layers x`` :func:`unit_costs`' layer,
+    plus the embedding on the first stage and the output layer on the last."""
+    units = unit_costs(card, hw, job)
+    keys = ("t_f", "t_b", "t_w", "m_b", "m_w", "params")
+    layer, embedding, head = ([part[k] for k in keys] for part in units.parts())
+    last = job.stages - 1
     out = []
-    for s, (d, n) in enumerate(zip(layout.stage_devices, layout.layers, strict=True)):
-        cost = StageCost(device=d, layers=n, embedding=s == 0, head=s == last)
-        cost.t_f, cost.t_b, cost.t_w = (n * t for t in t_layer)
-        cost.m_b, cost.m_w, cost.params = n * m_b_layer, n * m_w_layer, n * p_layer
-        cost.m_in = stage_input
-        if cost.embedding:
-            _add(cost, embedding_costs(card, layout, hw))
-            cost.params += embedding_params(card) / layout.tp
-            cost.m_in = 8.0 * layout.seq * layout.mbs  # token ids
-        if cost.head:
-            _add(cost, head_costs(card, layout, hw))
-            cost.params += head_params(card) / layout.tp
-        cost.m_in = min(cost.m_in, cost.m_b)
-        out.append(cost)
+    for s, (d, n) in enumerate(zip(job.stage_devices, job.layers, strict=True)):
+        total = dict(zip(keys, stage_total(n, layer, embedding, head, first=s == 0,
+                                           last=s == last), strict=True))  # fmt: skip
+        m_in = units.m_in_first if s == 0 else units.m_in  # the first stage keeps token ids
+        out.append(StageCost(device=d, layers=n, embedding=s == 0, head=s == last,
+                             m_in=min(m_in, total["m_b"]), **total))  # fmt: skip
     return out
 
 
-def _add(cost: StageCost, part: dict[str, float]) -> None:
-    for key, value in part.items():
-        setattr(cost, key, getattr(cost, key) + value)
-
-
-def static_bytes(stages: list[StageCost], layout: Layout, hw: HardwareCard) -> list[float]:
+def static_bytes(stages: list[StageCost], job: Job, hw: HardwareCard) -> list[float]:
     """Weights, gradients and optimizer state per device; fails when they alone overflow."""
-    static = [0.0] * layout.pp
+    static = [0.0] * job.pp
+    per_param = job_bytes_per_param(job)
     for st in stages:
-        static[st.device] += st.params * layout.bytes_per_param
+        static[st.device] += st.params * per_param
     cap = hw.cap_bytes
-    worst = max(range(layout.pp), key=lambda d: static[d])
+    worst = max(range(job.pp), key=lambda d: static[d])
     if static[worst] > cap:
         raise ProblemError(
             "hardware",
@@ -251,7 +205,7 @@ def static_bytes(stages: list[StageCost], layout: Layout, hw: HardwareCard) -> l
     return static
 
 
-def link_costs(card: ModelCard, hw: HardwareCard, layout: Layout) -> dict[str, Any]:
+def link_costs(card: ModelCard, hw: HardwareCard, job: Job) -> LinkCosts:
     """``t_comm`` between pipeline neighbours, host-link groups and per-GPU copy bandwidth.
 
     Devices are numbered along the pipeline and packed into nodes in order, ``tp`` GPUs each.
@@ -259,34 +213,27 @@ def link_costs(card: ModelCard, hw: HardwareCard, layout: Layout) -> dict[str, A
     (inter-node when the pipeline spans nodes). GPUs of one tensor-parallel group that share a
     host link split its bandwidth; distinct devices that share one are returned as groups.
     """
-    message = card.dtype_bytes * layout.seq * layout.mbs * card.hidden / layout.tp
-    spans_nodes = layout.pp * layout.tp > hw.gpus_per_node
-    gbs = hw.inter_node_gbs if spans_nodes else hw.intra_node_gbs
-    latency_us = hw.inter_node_latency_us if spans_nodes else hw.intra_node_latency_us
-    t_comm = latency_us * 1e-3 + 1e3 * message / (gbs * GB)
-    sharing = min(layout.tp, hw.gpus_per_host_link)
-    per_link = max(1, hw.gpus_per_host_link // layout.tp)
+    message = card.dtype_bytes * job.seq * job.mbs * card.hidden / job.tp
+    spans_nodes = job.pp * job.tp > hw.gpus_per_node
+    gbs, latency_us = node_link(hw, spans_nodes)
+    sharing = min(job.tp, hw.gpus_per_host_link)
+    per_link = max(1, hw.gpus_per_host_link // job.tp)
     groups: dict[tuple[int, int], list[int]] = {}
-    for d in range(layout.pp):
-        gpu = d * layout.tp
-        node, local = divmod(gpu, hw.gpus_per_node)
-        groups.setdefault((node, local // (per_link * layout.tp)), []).append(d)
+    for d in range(job.pp):
+        node, local = divmod(d * job.tp, hw.gpus_per_node)
+        groups.setdefault((node, local // (per_link * job.tp)), []).append(d)
     host_links = [g for g in groups.values() if len(g) > 1] if per_link > 1 else []
-    return {
-        "t_comm": t_comm,
-        "host_links": host_links,
-        "d2h_gbs": hw.d2h_gbs / sharing,
-        "h2d_gbs": hw.h2d_gbs / sharing,
-        "spans_nodes": spans_nodes,
-    }
+    return LinkCosts(t_comm=p2p_ms(message, gbs, latency_us), host_links=host_links,
+                     d2h_gbs=hw.d2h_gbs / sharing, h2d_gbs=hw.h2d_gbs / sharing,
+                     spans_nodes=spans_nodes)  # fmt: skip
 
 
-def profile_analytic(
-    card: ModelCard, hw: HardwareCard, layout: Layout, *, tp_comm: bool = False
-) -> dict[str, Any]:
-    """Everything a cost profile holds, from the formulas (see costs.py for the JSON)."""
-    stages = stage_costs(card, hw, layout, tp_comm=tp_comm)
-    static = static_bytes(stages, layout, hw)
-    links = link_costs(card, hw, layout)
+def profile_analytic(card: ModelCard, hw: HardwareCard, job: Job) -> CostProfile:
+    """The cost profile of ``job`` (its layers split) from the formulas."""
+    stages = stage_costs(card, hw, job)
+    static = static_bytes(stages, job, hw)
     log.debug("analytic profile of %s on %s: %d stages", card.name, hw.name, len(stages))
-    return {"stages": stages, "static": static, "cap": hw.cap_bytes, **links}
+    return CostProfile(job=job, kind="analytic", model=card, hardware=hw, stages=tuple(stages),
+                       static=tuple(static), cap=hw.cap_bytes,
+                       bytes_per_param=job_bytes_per_param(job),
+                       links=link_costs(card, hw, job))  # fmt: skip

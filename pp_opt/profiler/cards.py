@@ -1,8 +1,8 @@
 """Model and hardware cards: small TOML files that describe a decoder model and a GPU node.
 
-The bundled cards are package data (:mod:`pp_opt.cards`, sources in ``models/``); each number
+The bundled cards are package data (:mod:`pp_opt.card_files`, sources in ``models/``); each number
 there cites its source. A card is loaded by path or by bundled name (``"llama2-7b"`` finds
-``models/llama2-7b.toml``, shipped in the wheel as ``pp_opt/cards/llama2-7b.toml``), and every
+``models/llama2-7b.toml``, shipped in the wheel as ``pp_opt/card_files/llama2-7b.toml``), and every
 key is checked, so a typo fails at once instead of silently using a default.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pp_opt.cards import card_infos, card_names, card_text
+from pp_opt.card_files import card_infos, card_names, card_text
 from pp_opt.errors import ProblemError
 from pp_opt.limits import MAX_VALUE
 
@@ -252,7 +252,7 @@ def hardware_card_from_dict(data: Mapping[str, Any], name: str = "hardware") -> 
 
 
 def load_model_card(where: str | Path | ModelCard) -> ModelCard:
-    """Load a model card from a TOML path or a bundled name (:mod:`pp_opt.cards`)."""
+    """Load a model card from a TOML path or a bundled name (:mod:`pp_opt.card_files`)."""
     if isinstance(where, ModelCard):
         return where
     data, stem = _read_card("model", where)
@@ -260,7 +260,7 @@ def load_model_card(where: str | Path | ModelCard) -> ModelCard:
 
 
 def load_hardware_card(where: str | Path | HardwareCard) -> HardwareCard:
-    """Load a hardware card from a TOML path or a bundled name (:mod:`pp_opt.cards`)."""
+    """Load a hardware card from a TOML path or a bundled name (:mod:`pp_opt.card_files`)."""
     if isinstance(where, HardwareCard):
         return where
     data, stem = _read_card("hardware", where)

@@ -11,89 +11,226 @@ layout, per-stage details and, for measured profiles, the environment and the ra
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from pp_opt.job import Job
+from pp_opt.problem import Device, Problem, Stage
 from pp_opt.problem_io import COSTS_FORMAT as FORMAT
 from pp_opt.problem_io import COSTS_VERSION as VERSION
-from pp_opt.profiler.analytic import StageCost
-from pp_opt.profiler.cards import HardwareCard, ModelCard
-from pp_opt.profiler.layout import Layout
+from pp_opt.profiler.cards import (
+    HardwareCard,
+    ModelCard,
+    hardware_card_from_dict,
+    model_card_from_dict,
+)
+from pp_opt.profiler.comm import copy_ms
 
 
-def costs_dict(
-    *,
-    kind: str,
-    card: ModelCard,
-    hw: HardwareCard,
-    layout: Layout,
-    stages: list[StageCost],
-    static: list[float],
-    cap: float,
-    t_comm: float,
-    host_links: list[list[int]],
-    d2h_gbs: float,
-    h2d_gbs: float,
-    environment: dict[str, Any] | None = None,
-    measurements: dict[str, Any] | None = None,
-    **_: Any,
-) -> dict[str, Any]:
-    """Assemble the cost profile JSON from stage costs.
+@dataclass(kw_only=True, slots=True, frozen=True)
+class StageCost:
+    """Costs of one microbatch on one stage, in ms and bytes, before they become a Stage."""
 
-    ``t_offload``/``t_reload`` are the measured ones where a stage has them, else ``m_b`` over
-    the copy bandwidth; ``t_bw`` is written only when measured (else it is ``t_b + t_w``).
+    device: int
+    layers: int
+    t_f: float = 0.0
+    t_b: float = 0.0
+    t_w: float = 0.0
+    m_b: float = 0.0
+    m_w: float = 0.0
+    m_in: float = 0.0
+    params: float = 0.0
+    """Parameters on this GPU (already divided by the tensor-parallel degree)."""
+    embedding: bool = False
+    head: bool = False
+    t_bw: float | None = None
+    """Fused backward when it is not ``t_b + t_w`` (measured profiles)."""
+    t_offload: float | None = None
+    """Measured OFFLOAD time; None: from ``m_b`` and the copy bandwidth."""
+    t_reload: float | None = None
+    """Measured RELOAD time; None: from ``m_b`` and the copy bandwidth."""
+    timings: dict[str, Any] | None = None
+    """Measured spread per cost (median, iqr, min, max, repeats), keyed like the costs."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class LinkCosts:
+    """How a job's devices talk: pipeline sends and host copies."""
+
+    t_comm: float
+    """One activation sent between pipeline neighbours (ms), the slowest link in use."""
+    host_links: list[list[int]]
+    """Groups of devices that share one host link."""
+    d2h_gbs: float
+    """Device-to-host copy bandwidth per GPU (GB/s)."""
+    h2d_gbs: float
+    """Host-to-device copy bandwidth per GPU (GB/s)."""
+    spans_nodes: bool = False
+    """The pipeline crosses a node boundary."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class CostProfile:
+    """What the profiler found for one job: per-stage costs, links and static memory.
+
+    :func:`problem_from_profile` turns it into the Problem to solve; :meth:`to_dict` is its
+    file (``"format": "pp-opt.costs"``) and :meth:`from_dict` reads one back.
     """
-    rows = []
-    for st in stages:
-        row = {"device": st.device, "t_f": st.t_f, "t_b": st.t_b, "t_w": st.t_w}
-        if st.t_bw is not None:
-            row["t_bw"] = st.t_bw
-        row.update(m_b=st.m_b, m_w=st.m_w, m_in=st.m_in)
-        row["t_offload"] = (
-            st.t_offload if st.t_offload is not None else 1e3 * st.m_b / (d2h_gbs * 1e9)
+
+    job: Job
+    """The job it was made for (layers split)."""
+    kind: str
+    """``analytic`` or ``measured``."""
+    model: ModelCard
+    """The model card."""
+    hardware: HardwareCard
+    """The hardware card."""
+    stages: tuple[StageCost, ...]
+    """Costs of one microbatch on each stage."""
+    static: tuple[float, ...]
+    """Weights, gradients and optimizer state per device (bytes)."""
+    cap: float
+    """Memory cap of every device (bytes)."""
+    links: LinkCosts
+    """Pipeline sends and host copies."""
+    bytes_per_param: float
+    """Static bytes per parameter the ``static`` memory was counted with."""
+    environment: dict[str, Any] | None = None
+    """Where a measured profile ran."""
+    measurements: dict[str, Any] | None = None
+    """How a measured profile timed (repeats, warm-up, mode, link)."""
+
+    def stage_params(self) -> list[float]:
+        """Parameters per stage and GPU."""
+        return [st.params for st in self.stages]
+
+    def device_params(self) -> list[float]:
+        """Parameters per device and GPU."""
+        out = [0.0] * self.job.pp
+        for st in self.stages:
+            out[st.device] += st.params
+        return out
+
+    def name(self) -> str:
+        j = self.job
+        return (
+            f"{self.model.name} on {self.hardware.name}: pp={j.pp} v={j.v} {j.placement} "
+            f"mbs={j.mbs} seq={j.seq} tp={j.tp} ({self.kind})"
         )
-        row["t_reload"] = st.t_reload if st.t_reload is not None else 1e3 * st.m_b / (h2d_gbs * 1e9)
-        rows.append(row)
-    details = []
-    for st in stages:
-        det: dict[str, Any] = {
-            "layers": st.layers,
-            "embedding": st.embedding,
-            "head": st.head,
-            "params": st.params,
-        }
-        if st.timings is not None:
-            det["timings"] = st.timings
-        details.append(det)
-    name = (
-        f"{card.name} on {hw.name}: pp={layout.pp} v={layout.v} {layout.placement} "
-        f"mbs={layout.mbs} seq={layout.seq} tp={layout.tp} ({kind})"
+
+    def stage_rows(self) -> list[dict[str, Any]]:
+        """The file's ``stages``: each stage's problem costs."""
+        rows = []
+        for st in self.stages:
+            row: dict[str, Any] = {"device": st.device, "t_f": st.t_f, "t_b": st.t_b, "t_w": st.t_w}
+            if st.t_bw is not None:
+                row["t_bw"] = st.t_bw
+            row.update(m_b=st.m_b, m_w=st.m_w, m_in=st.m_in)
+            row["t_offload"] = offload_ms(st, self.links)
+            row["t_reload"] = reload_ms(st, self.links)
+            rows.append(row)
+        return rows
+
+    def provenance(self) -> dict[str, Any]:
+        """The file's ``profile`` object (also a solved problem's ``extra["profile"]``)."""
+        details = []
+        for st in self.stages:
+            det: dict[str, Any] = {"layers": st.layers, "embedding": st.embedding,
+                                   "head": st.head, "params": st.params}  # fmt: skip
+            if st.timings is not None:
+                det["timings"] = st.timings
+            details.append(det)
+        out: dict[str, Any] = {
+            "kind": self.kind, "time_unit": "ms", "model": self.model.to_dict(),
+            "hardware": self.hardware.to_dict(),
+            "layout": self.job.layout_dict(self.bytes_per_param),
+            "d2h_gbs": self.links.d2h_gbs, "h2d_gbs": self.links.h2d_gbs, "stages": details,
+            "environment": self.environment, "measurements": self.measurements,
+        }  # fmt: skip
+        if self.job.tp_comm and self.job.tp > 1:
+            out["tp_comm"] = True
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The cost profile file (``"format": "pp-opt.costs"``)."""
+        j = self.job
+        return {
+            "format": FORMAT, "version": VERSION, "name": self.name(), "p": j.pp,
+            "m": j.microbatches, "placement": j.placement, "v": j.v, "unit": "bytes",
+            "t_comm": self.links.t_comm, "stages": self.stage_rows(),
+            "devices": [{"cap": self.cap, "static": s} for s in self.static],
+            "host_links": self.links.host_links, "profile": self.provenance(),
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CostProfile:
+        """Read a cost profile file written by :meth:`to_dict` (checked as a problem first)."""
+        from pp_opt.problem_io import problem_from_costs
+
+        problem_from_costs(data)  # every problem field checked, one-line errors
+        return _profile_from_dict(cls, data)
+
+
+def offload_ms(stage: StageCost, links: LinkCosts) -> float:
+    """A stage's OFFLOAD time: measured, else its ``m_b`` over the copy bandwidth."""
+    return stage.t_offload if stage.t_offload is not None else copy_ms(stage.m_b, links.d2h_gbs)
+
+
+def reload_ms(stage: StageCost, links: LinkCosts) -> float:
+    """A stage's RELOAD time: measured, else its ``m_b`` over the copy bandwidth."""
+    return stage.t_reload if stage.t_reload is not None else copy_ms(stage.m_b, links.h2d_gbs)
+
+
+def problem_from_profile(profile: CostProfile) -> Problem:
+    """The Problem ``profile`` describes (memory in bytes, times in ms), built directly; its
+    provenance goes to ``extra["profile"]`` for the files a schedule is saved in."""
+    stages = tuple(
+        Stage(
+            device=st.device,
+            t_f=st.t_f,
+            t_b=st.t_b,
+            t_w=st.t_w,
+            t_bw=st.t_bw,
+            m_b=st.m_b,
+            m_w=st.m_w,
+            m_in=st.m_in,
+            t_offload=offload_ms(st, profile.links),
+            t_reload=reload_ms(st, profile.links),
+        )  # fmt: skip
+        for st in profile.stages
     )
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "name": name,
-        "p": layout.pp,
-        "m": layout.microbatches,
-        "placement": layout.placement,
-        "v": layout.v,
-        "unit": "bytes",
-        "t_comm": t_comm,
-        "stages": rows,
-        "devices": [{"cap": cap, "static": s} for s in static],
-        "host_links": host_links,
-        "profile": {
-            "kind": kind,
-            "time_unit": "ms",
-            "model": card.to_dict(),
-            "hardware": hw.to_dict(),
-            "layout": layout.to_dict(),
-            "d2h_gbs": d2h_gbs,
-            "h2d_gbs": h2d_gbs,
-            "stages": details,
-            "environment": environment,
-            "measurements": measurements,
-        },
-    }
+    devices = tuple(Device(cap=profile.cap, static=s) for s in profile.static)
+    return Problem(
+        p=profile.job.pp, m=profile.job.microbatches, stages=stages, devices=devices,
+        placement=profile.job.placement, unit="bytes", t_comm=profile.links.t_comm,
+        host_links=tuple(tuple(g) for g in profile.links.host_links), name=profile.name(),
+        extra={"profile": profile.provenance()},
+    )  # fmt: skip
+
+
+def _profile_from_dict(cls: type[CostProfile], data: Mapping[str, Any]) -> CostProfile:
+    info = data["profile"]
+    model = model_card_from_dict(info["model"], info["model"].get("name", "model"))
+    hardware = hardware_card_from_dict(info["hardware"], info["hardware"].get("name", "hardware"))
+    tp_one = info["layout"].get("tp", 1) == 1  # files without the key and tp > 1 left it out
+    job = Job.from_layout_dict(info["layout"], tp_comm=bool(info.get("tp_comm", tp_one)))
+    stages = []
+    for row, det in zip(data["stages"], info["stages"], strict=True):
+        stages.append(StageCost(
+            device=row["device"], layers=det["layers"], t_f=row["t_f"], t_b=row["t_b"],
+            t_w=row["t_w"], m_b=row["m_b"], m_w=row["m_w"], m_in=row["m_in"],
+            params=det["params"], embedding=det["embedding"], head=det["head"],
+            t_bw=row.get("t_bw"), t_offload=row["t_offload"], t_reload=row["t_reload"],
+            timings=det.get("timings"),
+        ))  # fmt: skip
+    links = LinkCosts(t_comm=data["t_comm"], host_links=[list(g) for g in data["host_links"]],
+                      d2h_gbs=info["d2h_gbs"], h2d_gbs=info["h2d_gbs"])  # fmt: skip
+    return cls(job=job, kind=info["kind"], model=model, hardware=hardware, stages=tuple(stages),
+               static=tuple(d["static"] for d in data["devices"]),
+               cap=data["devices"][0]["cap"], links=links,
+               bytes_per_param=float(info["layout"]["bytes_per_param"]),
+               environment=info.get("environment"),
+               measurements=info.get("measurements"))  # fmt: skip
 
 
 def costs_table(data: Mapping[str, Any]) -> str:

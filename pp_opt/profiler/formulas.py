@@ -29,9 +29,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pp_opt.errors import ProblemError
+from pp_opt.job import ACTIVATION_CHECKPOINT_MODES
 from pp_opt.profiler.cards import ModelCard
 
-RECOMPUTE_MODES = ("none", "selective")
+RECOMPUTE_MODES = ACTIVATION_CHECKPOINT_MODES
+"""A layer's recompute modes: the job's activation checkpointing modes."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -175,3 +177,9 @@ def head_params(card: ModelCard) -> int:
     pipeline stage (Megatron does), so it is counted here either way.
     """
     return card.vocab * card.hidden + (2 if card.norm == "layernorm" else 1) * card.hidden
+
+
+def head_flops(card: ModelCard, tokens: int) -> float:
+    """FLOPs of the output layer in F for ``tokens`` tokens (the same again in B and in W),
+    all tensor-parallel ranks together: ``2 tokens h vocab``."""
+    return 2.0 * tokens * card.hidden * card.vocab

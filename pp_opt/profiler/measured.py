@@ -27,12 +27,13 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from pp_opt.errors import ProblemError
-from pp_opt.profiler.analytic import StageCost
+from pp_opt.job import Job
 from pp_opt.profiler.cards import DTYPE_BYTES, HardwareCard, ModelCard
-from pp_opt.profiler.layout import Layout
+from pp_opt.profiler.costs import CostProfile, StageCost
 from pp_opt.profiler.timing_stats import timing_stats
 
 try:
@@ -260,8 +261,7 @@ def _device_and_dtype(card: ModelCard, device: Any, dtype: str | None) -> tuple[
 def measure_profile(
     card: ModelCard,
     hw: HardwareCard,
-    layout: Layout,
-    analytic: dict[str, Any],
+    analytic: CostProfile,
     *,
     repeats: int = 10,
     warmup: int = 2,
@@ -269,7 +269,7 @@ def measure_profile(
     dtype: str | None = None,
     threads: int | None = None,
     concurrent: bool = False,
-) -> dict[str, Any]:
+) -> CostProfile:
     """The analytic profile with every stage's times, bytes and copy times measured.
 
     Each stage is built whole (embedding on the first, output layer on the last) and its F,
@@ -278,9 +278,10 @@ def measure_profile(
     links stay those of the hardware card.
     """
     require_torch()
+    layout = analytic.job
     if layout.tp != 1:
         raise ProblemError("tp", "measured profiles time a whole layer on one GPU; use tp = 1")
-    if layout.recompute != "none":
+    if layout.activation_checkpoint != "none":
         raise ProblemError(
             "recompute", "measured profiles do not recompute; use recompute = 'none'"
         )
@@ -316,19 +317,27 @@ def measure_profile(
     finally:
         torch.set_num_threads(before)
     stages = [_stage_cost(old, meas[s], layout, card, dtype)
-              for s, old in enumerate(analytic["stages"])]  # fmt: skip
+              for s, old in enumerate(analytic.stages)]  # fmt: skip
     env.update(threads=threads or before, concurrent=concurrent)
     measurements: dict[str, Any] = {"mode": "concurrent" if concurrent else "one stage at a time",
                     "repeats": repeats, "warmup": warmup,
                     "stages": [meas[s] for s in range(len(stages))]}  # fmt: skip
-    profile = dict(analytic, stages=stages, environment=env, measurements=measurements)
+    links = analytic.links
     if link is not None:
         measurements["link"] = link
-        profile["t_comm"] = link["t_comm"]
+        links = replace(links, t_comm=link["t_comm"])
     if device.type == "cuda":
-        profile.update(copy_bandwidth(device))
+        bandwidth = copy_bandwidth(device)
+        links = replace(links, d2h_gbs=bandwidth["d2h_gbs"], h2d_gbs=bandwidth["h2d_gbs"])
     log.info("measured %s on %s (%s)", card.name, env["device_name"], measurements["mode"])
-    return profile
+    return replace(
+        analytic,
+        kind="measured",
+        stages=tuple(stages),
+        links=links,
+        environment=env,
+        measurements=measurements,
+    )
 
 
 TIMING_KEYS = {"t_f": "f", "t_b": "i", "t_w": "w", "t_bw": "b"}
@@ -336,15 +345,14 @@ TIMING_KEYS = {"t_f": "f", "t_b": "i", "t_w": "w", "t_bw": "b"}
 
 
 def _stage_cost(
-    old: StageCost, meas: dict[str, Any], layout: Layout, card: ModelCard, dtype: str
+    old: StageCost, meas: dict[str, Any], layout: Job, card: ModelCard, dtype: str
 ) -> StageCost:
-    st = StageCost(device=old.device, layers=old.layers, params=old.params,
-                   embedding=old.embedding, head=old.head)  # fmt: skip
-    for key, op in TIMING_KEYS.items():
-        setattr(st, key, meas[op]["median"])
-    st.m_b, st.m_w = meas["m_b"], meas["m_w"]
-    st.t_offload, st.t_reload = meas["copy"]["t_offload"], meas["copy"]["t_reload"]
-    st.timings = {key: meas[op] for key, op in TIMING_KEYS.items()}
+    times = {key: float(meas[op]["median"]) for key, op in TIMING_KEYS.items()}
     size = layout.seq * layout.mbs
-    st.m_in = min(8.0 * size if old.embedding else DTYPE_BYTES[dtype] * size * card.hidden, st.m_b)
-    return st
+    m_in = 8.0 * size if old.embedding else DTYPE_BYTES[dtype] * size * card.hidden
+    return StageCost(
+        device=old.device, layers=old.layers, params=old.params, embedding=old.embedding,
+        head=old.head, **times, m_b=meas["m_b"], m_w=meas["m_w"], m_in=min(m_in, meas["m_b"]),
+        t_offload=meas["copy"]["t_offload"], t_reload=meas["copy"]["t_reload"],
+        timings={key: meas[op] for key, op in TIMING_KEYS.items()},
+    )  # fmt: skip

@@ -21,7 +21,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
     ) from err
 
 from pp_opt.runtime.offload import ActivationOffloader, OffloadEvent, SavedActivation
-from pp_opt.runtime.pipeline import (
+from pp_opt.runtime.torch_schedule import (
     OffloadActionType,
     PPOptPipelineSchedule,
     build_pipeline_schedule,

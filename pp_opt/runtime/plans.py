@@ -13,7 +13,7 @@ from dataclasses import replace
 from pp_opt.errors import ProblemError
 from pp_opt.ops import OpKind
 from pp_opt.orders import baseline, baseline_names
-from pp_opt.orders.offload_warm import with_offloads
+from pp_opt.orders.offload.offload_warm import with_offloads
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule
 from pp_opt.simulator import order_of, simulate
@@ -105,7 +105,7 @@ def _solve(problem: Problem, time_limit: float, threads: int, seed: int) -> Sche
     ).schedule
 
 
-def retime(schedule: Schedule, op_times: dict[str, float]) -> Schedule:
+def with_measured_times(schedule: Schedule, op_times: dict[str, float]) -> Schedule:
     """``schedule``'s op order re-timed with other op durations (e.g. those the runtime ran).
 
     ``op_times`` maps ``"{kind}{stage}"`` (``F0``, ``B1``, ``W1``, ``BW0``) to ms; costs not in

@@ -28,7 +28,7 @@ from pp_opt.errors import ProblemError
 from pp_opt.profiler.cards import ModelCard
 from pp_opt.profiler.timing_stats import timing_stats
 from pp_opt.profiler.torch_model import DecoderStage, lm_loss, make_stage
-from pp_opt.runtime.pipeline import PPOptPipelineSchedule, build_pipeline_schedule
+from pp_opt.runtime.torch_schedule import PPOptPipelineSchedule, build_pipeline_schedule
 from pp_opt.schedule import Schedule
 
 logger = logging.getLogger(__name__)
@@ -293,7 +293,7 @@ def round_profile(
     """Profile this rank's stages while every other rank profiles its own; gathered.
 
     Returns ``"{kind}{stage}" -> median ms`` (``F``, ``B`` for I, ``W``, ``BW`` for the fused B)
-    for every stage, the keys :func:`pp_opt.runtime.plans.retime` takes.
+    for every stage, the keys :func:`pp_opt.runtime.plans.with_measured_times` takes.
     """
     from pp_opt.profiler.stage_profile import GroupPeers, measure_stages
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pp_opt.schedule import Schedule, ScheduledOp, Status
+from pp_opt.solvers.process.stop import StopToken
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,12 +22,18 @@ class Progress:
 ProgressCallback = Callable[[Progress], None]
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(kw_only=True, slots=True, frozen=True)
 class SolveOptions:
-    """Options shared by every backend."""
+    """The options of one solve, as every backend reads them.
+
+    :func:`pp_opt.solve` makes one from its arguments; each phase gets a copy with what it
+    adds (its share of the time, the warm start), made with :func:`dataclasses.replace`:
+    nothing writes into a solve's options while it runs.
+    """
 
     time_limit: float = 60.0
-    """Wall-clock seconds the backend may use."""
+    """Wall-clock seconds: of the whole solve as :func:`pp_opt.solve` made them, of the
+    phase in the copy a backend gets (its share of the time left)."""
     threads: int = 2
     """Worker threads (CP-SAT workers, MILP threads)."""
     seed: int = 0
@@ -47,6 +54,10 @@ class SolveOptions:
     """CP-SAT's memory constraints: ``sequence`` (over each device's op order,
     :mod:`pp_opt.solvers.cpsat.sequence`; no offload or recompute), ``cumulative`` (a
     cumulative of lifetimes) or ``auto`` (sequence where it applies)."""
+    stop: StopToken | None = None
+    """The caller's request to end the solve early (:class:`StopToken`); None: nothing
+    but the time limit and the progress callback ends it. Stays in the process that made
+    it: a child process gets its own, relayed over its pipe."""
 
 
 class OutOfTime(Exception):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -23,17 +24,19 @@ from pp_opt.dag import dag_for, op_count
 from pp_opt.errors import PPOptError, ProblemError, TimeLimitError
 from pp_opt.metrics import compute_metrics
 from pp_opt.order import Variant
-from pp_opt.orders import candidates
-from pp_opt.orders.common import same_placement
 from pp_opt.problem import OBJECTIVES, Problem
-from pp_opt.runtime_rules import in_runtime_order
 from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo, Status
-from pp_opt.simulator import retime
 from pp_opt.solvers.base import BackendResult, Progress, ProgressCallback, SolveOptions
-from pp_opt.solvers.isolation import fluid_isolated, improve_isolated, isolated, run_isolated
+from pp_opt.solvers.process.isolation import (
+    fluid_isolated,
+    improve_isolated,
+    isolated,
+    run_isolated,
+)
+from pp_opt.solvers.process.stop import StopToken, guarded, running_search, signal_token
 from pp_opt.solvers.result import SolveResult, WarmStart
 from pp_opt.solvers.timing import checked_timing
-from pp_opt.validator import ValidationError, check_schedule
+from pp_opt.solvers.warm import Warm, with_warm_start
 
 if TYPE_CHECKING:
     from pp_opt.solvers.fluid import FluidBound
@@ -81,7 +84,7 @@ FLUID_MIN_SECONDS = 0.5
 Backend = Callable[[Problem, nx.DiGraph, SolveOptions], BackendResult]
 
 
-@isolated  # the backend and the search run in a child process (pp_opt.solvers.isolation)
+@isolated  # the backend and the search run in a child process (pp_opt.solvers.process)
 def solve(
     problem: Problem,
     *,
@@ -93,6 +96,7 @@ def solve(
     warm_start: bool | Schedule = True,
     progress: ProgressCallback | None = None,
     offload_fractions: Sequence[float] = (1.0,),
+    stop: StopToken | None = None,
 ) -> SolveResult:
     """The best schedule a solver finds within ``time_limit``, never worse than the warm start.
 
@@ -118,6 +122,12 @@ def solve(
         Called with each improving incumbent and bound.
     offload_fractions
         Fractions of an activation one offload may move (with ``problem.offload``).
+    stop
+        A :class:`~pp_opt.solvers.process.stop.StopToken` the caller made:
+        ``stop.request(reason)`` (from any thread) ends the solve early with the best
+        schedule found so far. None: the token of the command line's signal handling
+        when one is active (:func:`~pp_opt.solvers.process.stop.signal_token`), else
+        nothing but the time limit ends it.
 
     Returns
     -------
@@ -134,83 +144,21 @@ def solve(
     """
     started = time.perf_counter()
     problem, options = _prepare(problem, solver, time_limit, threads, seed, objective,
-                                progress, offload_fractions, warm_start)  # fmt: skip
+                                progress, offload_fractions, warm_start, stop)  # fmt: skip
     end = started + time_limit
     fractions = options.offload_fractions
     check_caps(problem, fractions if problem.offload else ())
-    alternatives: list[Schedule] = []
-    warm = _warm_start(problem, warm_start, fractions, started + WARM_START_SHARE * time_limit,
-                       alternatives)  # fmt: skip
-    options.warm_start = warm[1] if warm else None
-    options.alternatives = tuple(alternatives)
-    # CP-SAT solves get a large-neighbourhood search after the full model (or instead of
-    # it, when the model is too large to search well): it improves a valid schedule.
-    search = solver == "cpsat" and warm is not None
+    warm, options = with_warm_start(problem, options, warm_start,
+                                    started + WARM_START_SHARE * time_limit)  # fmt: skip
     bound = lower_bound(problem, options.objective, offload_fractions=fractions)
-    fluid = _fluid(problem, options, warm[1] if warm else None, bound, time_limit, end)
-    if fluid is not None:
-        bound = max(bound, fluid.value)
-    ops = op_count(problem)  # the DAG is built only when the backend needs it
-    full = not (search and ops > FULL_MODEL_OPS)
-    if fluid is not None and warm is not None and _proved(_value(warm[1]), bound):
-        full = False  # the fluid bound proves the warm start optimal
-    share = FULL_MODEL_SHARE if search and ops > FULL_MODEL_ALONE_OPS else 1.0
-    result = _run_backend(solver, problem, dag_for(problem), options, end,
-                          share=share) if full else _skipped()  # fmt: skip
-    found = _checked(problem, result, solver)
-    if result.bound is not None:
-        bound = max(bound, result.bound)
-    chosen = found
-    if warm is not None and (found is None or _value(warm[1]) < _value(found) - 1e-9):
-        chosen = warm[1]
-    if chosen is None:
-        raise TimeLimitError(
-            "time_limit",
-            f"{solver} found no schedule in {time_limit:g} s ({result.status}); raise it",
-        )
-    windows = improvements = 0
-    if (
-        search
-        and not _proved(_value(chosen), bound)
-        and end - time.perf_counter() > 0.3
-        and not _stopped(options)
-    ):
-        chosen, windows, improvements = _improve(chosen, options, end, bound, started)
-    value = _value(chosen)
-    proved = _proved(value, bound)
-    bound = value if proved else min(bound, value)  # rounding noise is no gap
-    gap = (value - bound) / value if value > 0 else 0.0
-    status = Status.OPTIMAL if proved else Status.FEASIBLE
-    warm_info = WarmStart(name=warm[0], objective=_value(warm[1])) if warm else None
-    info = SolverInfo(
-        name=solver,
-        status=status,
-        objective=value,
-        lower_bound=bound,
-        gap=gap,
-        seconds=time.perf_counter() - started,
-        extra={
-            "warm_start": None if warm_info is None else warm_info.name,
-            "warm_start_objective": None if warm_info is None else warm_info.objective,
-            "backend_status": result.status,
-            "backend_objective": result.objective,
-            "time_limit": time_limit,
-            "threads": threads,
-            "seed": seed,
-        },
-    )
-    if windows:
-        info.extra["search"] = {"windows": windows, "improvements": improvements}
-    if fluid is not None:
-        info.extra["fluid_bound"] = {
-            "value": fluid.value,
-            "device": fluid.device,
-            "programs": fluid.programs,
-            "seconds": fluid.seconds,
-        }
-    schedule = Schedule(problem=chosen.problem, ops=chosen.ops, solver=info,
-                        metrics=chosen.metrics, variant=chosen.variant)  # fmt: skip
-    return SolveResult(schedule=schedule, warm_start=warm_info)
+    fluid = _fluid(problem, options, bound, end)
+    bound = bound if fluid is None else max(bound, fluid.value)
+    result = _backend_phase(solver, problem, options, bound, end, fluid=fluid is not None)
+    bound = bound if result.bound is None else max(bound, result.bound)
+    chosen = _better(_checked(problem, result, solver), warm, solver, result.status, time_limit)
+    searched = _search_phase(solver, chosen, options, bound, started, end)
+    return _result(solver, searched, options, bound, result, warm, fluid,
+                   seconds=time.perf_counter() - started)  # fmt: skip
 
 
 def _prepare(
@@ -223,6 +171,7 @@ def _prepare(
     progress: ProgressCallback | None,
     offload_fractions: Sequence[float],
     warm_start: bool | Schedule = True,
+    stop: StopToken | None = None,
 ) -> tuple[Problem, SolveOptions]:
     check_solve(problem=problem, time_limit=time_limit, threads=threads, seed=seed,
                 warm_start=warm_start, progress=progress,
@@ -239,13 +188,112 @@ def _prepare(
     fractions = tuple(float(a) for a in offload_fractions)
     if not fractions or any(not 0 < a <= 1 for a in fractions):
         raise ProblemError("offload_fractions", f"got {fractions}; each must be in (0, 1]")
+    if stop is not None and not isinstance(stop, StopToken):
+        raise ProblemError("stop", f"got {type(stop).__name__}; give a StopToken or None")
     if objective != problem.objective:
         problem = problem.replace(objective=objective)
     options = SolveOptions(time_limit=time_limit, threads=threads, seed=seed,
                            objective=objective,
                            progress=None if progress is None else _Reporter(progress),
-                           offload_fractions=fractions)  # fmt: skip
+                           offload_fractions=fractions,
+                           stop=stop if stop is not None else signal_token())  # fmt: skip
     return problem, options
+
+
+def _backend_phase(
+    solver: str, problem: Problem, options: SolveOptions, bound: float, end: float, *, fluid: bool
+) -> BackendResult:
+    """The backend's run, or a skipped one where it has nothing to add: a CP-SAT model
+    over :data:`FULL_MODEL_OPS` ops (the search improves the warm start instead), or a warm
+    start the fluid bound proved optimal. CP-SAT gets :data:`FULL_MODEL_SHARE` of the time
+    left above :data:`FULL_MODEL_ALONE_OPS` ops (the search gets the rest)."""
+    warm = options.warm_start
+    search = solver == "cpsat" and warm is not None
+    ops = op_count(problem)  # the DAG is built only when the backend needs it
+    full = not (search and ops > FULL_MODEL_OPS)
+    if fluid and warm is not None and _proved(_value(warm), bound):
+        full = False  # the fluid bound proves the warm start optimal
+    if not full:
+        return _skipped()
+    share = FULL_MODEL_SHARE if search and ops > FULL_MODEL_ALONE_OPS else 1.0
+    return _run_backend(solver, problem, dag_for(problem), options, end, share=share)
+
+
+def _better(
+    found: Schedule | None, warm: Warm, solver: str, status: Status, time_limit: float
+) -> Schedule:
+    """The backend's schedule, or the warm start where that is better or nothing was found;
+    raises :class:`TimeLimitError` when there is neither."""
+    if warm is not None and (found is None or _value(warm[1]) < _value(found) - 1e-9):
+        return warm[1]
+    if found is None:
+        raise TimeLimitError(
+            "time_limit",
+            f"{solver} found no schedule in {time_limit:g} s ({status}); raise it",
+        )
+    return found
+
+
+def _search_phase(
+    solver: str,
+    chosen: Schedule,
+    options: SolveOptions,
+    bound: float,
+    started: float,
+    end: float,
+) -> tuple[Schedule, int, int]:
+    """CP-SAT solves get a large-neighbourhood search after the full model (or instead of
+    it, when the model is too large to search well): it improves a valid schedule. Returns
+    the best schedule, the windows tried and how many improved it."""
+    if (
+        solver == "cpsat"
+        and options.warm_start is not None
+        and not _proved(_value(chosen), bound)
+        and end - time.perf_counter() > 0.3
+        and not _stopped(options)
+    ):
+        return _improve(chosen, options, end, bound, started)
+    return chosen, 0, 0
+
+
+def _result(
+    solver: str,
+    searched: tuple[Schedule, int, int],
+    options: SolveOptions,
+    bound: float,
+    backend: BackendResult,
+    warm: Warm,
+    fluid: FluidBound | None,
+    *,
+    seconds: float,
+) -> SolveResult:
+    """The chosen schedule with its solver record: status, objective, bound and gap."""
+    chosen, windows, improvements = searched
+    value = _value(chosen)
+    proved = _proved(value, bound)
+    bound = value if proved else min(bound, value)  # rounding noise is no gap
+    warm_info = WarmStart(name=warm[0], objective=_value(warm[1])) if warm else None
+    extra: dict[str, object] = {
+        "warm_start": None if warm_info is None else warm_info.name,
+        "warm_start_objective": None if warm_info is None else warm_info.objective,
+        "backend_status": backend.status,
+        "backend_objective": backend.objective,
+        "time_limit": options.time_limit,
+        "threads": options.threads,
+        "seed": options.seed,
+    }
+    if windows:
+        extra["search"] = {"windows": windows, "improvements": improvements}
+    if fluid is not None:
+        extra["fluid_bound"] = {"value": fluid.value, "device": fluid.device,
+                                "programs": fluid.programs, "seconds": fluid.seconds}  # fmt: skip
+    info = SolverInfo(name=solver, status=Status.OPTIMAL if proved else Status.FEASIBLE,
+                      objective=value, lower_bound=bound,
+                      gap=(value - bound) / value if value > 0 else 0.0, seconds=seconds,
+                      extra=extra)  # fmt: skip
+    schedule = Schedule(problem=chosen.problem, ops=chosen.ops, solver=info,
+                        metrics=chosen.metrics, variant=chosen.variant)  # fmt: skip
+    return SolveResult(schedule=schedule, warm_start=warm_info)
 
 
 class _Reporter:
@@ -267,55 +315,13 @@ class _Reporter:
 
 
 def _stopped(options: SolveOptions) -> bool:
-    """Whether a signal or a failing progress callback ended the search already."""
-    from pp_opt.solvers.interrupt import stop_requested
-
+    """Whether a stop request or a failing progress callback ended the search already."""
     failed = isinstance(options.progress, _Reporter) and options.progress.failed
-    return failed or stop_requested() is not None
+    return failed or (options.stop is not None and options.stop.requested is not None)
 
 
 def _value(schedule: Schedule) -> float:
     return schedule.objective_value(schedule.problem.objective)
-
-
-def _warm_start(
-    problem: Problem,
-    warm_start: bool | Schedule,
-    fractions: Sequence[float],
-    deadline: float,
-    alternatives: list[Schedule] | None = None,
-) -> tuple[str, Schedule] | None:
-    """The first warm start (best objective first) that the validator passes; with offload,
-    the next :data:`ALTERNATIVES` candidates go to ``alternatives`` (their compute orders
-    are worth re-placing copies for, :class:`SolveOptions`)."""
-    if warm_start is False:
-        return None
-    if warm_start is True:
-        found = candidates(problem, fractions=fractions, deadline=deadline)
-        for n, candidate in enumerate(found):
-            try:
-                chosen = candidate.name, check_schedule(candidate.schedule)
-            except ValidationError as err:
-                log.warning("warm start %s rejected: %s", candidate.name, err)
-                continue
-            if alternatives is not None and problem.offload:
-                alternatives.extend(c.schedule for c in found[n + 1 : n + 1 + ALTERNATIVES])
-            return chosen
-        return None
-    if not same_placement(warm_start.problem, problem):
-        raise ProblemError(
-            "warm_start", "its stages sit on other devices than the problem's; "
-            "give a schedule of the same placement and microbatches",
-        )  # fmt: skip
-    # Re-time on this problem (objective and caps as solved) and check it fits.
-    given = Schedule(problem=problem, ops=warm_start.ops, solver=warm_start.solver,
-                     metrics=compute_metrics(problem, warm_start.ops),
-                     variant=warm_start.variant)  # fmt: skip
-    return "given", check_schedule(in_runtime_order(retime(given)))
-
-
-ALTERNATIVES = 8
-"""Warm starts besides the best one that an offload solve passes to the backend."""
 
 
 def _proved(value: float, bound: float) -> bool:
@@ -323,26 +329,20 @@ def _proved(value: float, bound: float) -> bool:
     return value <= bound + 1e-9 * max(1.0, abs(value))
 
 
-def _fluid(
-    problem: Problem,
-    options: SolveOptions,
-    warm: Schedule | None,
-    bound: float,
-    time_limit: float,
-    end: float,
-) -> FluidBound | None:
+def _fluid(problem: Problem, options: SolveOptions, bound: float, end: float) -> FluidBound | None:
     """The fluid bound (:mod:`pp_opt.solvers.fluid`) within :data:`FLUID_SHARE` of the time
     limit, where it applies and a warm start gives its upper end; None where it found
     nothing above ``bound``."""
     from pp_opt.solvers.fluid import applies
 
+    warm = options.warm_start
     if warm is None or not applies(problem, options.objective) or _stopped(options):
         return None
     upper = _value(warm)
-    seconds = min(FLUID_SHARE * time_limit, end - time.perf_counter())
+    seconds = min(FLUID_SHARE * options.time_limit, end - time.perf_counter())
     if _proved(upper, bound) or seconds < FLUID_MIN_SECONDS:
         return None
-    return fluid_isolated(problem, lower=bound, upper=upper, seconds=seconds)
+    return fluid_isolated(problem, lower=bound, upper=upper, seconds=seconds, stop=options.stop)
 
 
 def _skipped() -> BackendResult:
@@ -362,8 +362,8 @@ def _run_backend(
     left = end - time.perf_counter()
     if left <= 0:  # the warm starts used all the time
         return _skipped()
-    options.time_limit = max(0.1, share * left)
-    return run_isolated(solver, partial(_backend, solver), problem, dag, options)
+    phase = replace(options, time_limit=max(0.1, share * left))
+    return run_isolated(solver, partial(_backend, solver), problem, dag, phase)
 
 
 def _improve(
@@ -375,12 +375,10 @@ def _improve(
 ) -> tuple[Schedule, int, int]:
     """The large-neighbourhood search from ``schedule`` until ``end``, reporting progress;
     also the windows it tried and how many improved the schedule."""
-    from pp_opt.solvers.interrupt import guarded, running_search
-
     if end - time.perf_counter() < SEARCH_START_SECONDS_PER_OP * len(schedule.ops):
         log.info("no time left to search %d ops", len(schedule.ops))
         return schedule, 0, 0
-    with running_search() as search:
+    with running_search(options.stop) as search:
         report = guarded(options.progress, search)
 
         def on_improve(better: Schedule) -> None:

@@ -23,7 +23,7 @@ from pp_opt.solvers.cpsat.fixed_order import as_schedule, fixed_order_model, pro
 from pp_opt.solvers.cpsat.model import CpsatModel, build_model
 from pp_opt.solvers.cpsat.relaxation import RelaxationBound, device_relaxation_bound
 from pp_opt.solvers.cpsat.solution import STATUS, read_ops
-from pp_opt.solvers.interrupt import Search, guarded, handling_signals, running_search
+from pp_opt.solvers.process.stop import Search, guarded, handling_signals, running_search
 
 __all__ = ["solve_cpsat"]
 
@@ -41,7 +41,7 @@ def solve_cpsat(problem: Problem, dag: nx.DiGraph, options: SolveOptions) -> Bac
     ends the search early with its best schedule; the callback's error never
     reaches OR-Tools.
     """
-    with running_search() as search:
+    with running_search(options.stop) as search:
         return _solve(problem, dag, options, search)
 
 

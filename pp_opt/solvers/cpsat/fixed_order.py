@@ -25,7 +25,7 @@ from pp_opt.errors import PPOptError
 from pp_opt.metrics import compute_metrics
 from pp_opt.ops import OpKey, Stream
 from pp_opt.order import Order, Variant
-from pp_opt.orders.offload_warm import roomy
+from pp_opt.orders.offload.offload_warm import roomy
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo, Status
 from pp_opt.simulator import simulate

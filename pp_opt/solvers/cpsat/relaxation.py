@@ -41,8 +41,8 @@ from pp_opt.dag import dag_for, longest_paths
 from pp_opt.ops import OpKey, OpKind, Stream, duration, memory_delta
 from pp_opt.order import Variant
 from pp_opt.problem import Problem
-from pp_opt.solvers.interrupt import Search, handling_signals
 from pp_opt.solvers.lifetimes import match_lifetimes
+from pp_opt.solvers.process.stop import Search, handling_signals
 
 __all__ = ["RelaxationBound", "device_relaxation_bound"]
 

@@ -28,9 +28,9 @@ from pp_opt.metrics import compute_metrics
 from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo
 from pp_opt.simulator import order_of
 from pp_opt.solvers.cpsat.scaling import choose_scaling
-from pp_opt.solvers.interrupt import Search
 from pp_opt.solvers.lns.submodel import solve_window
 from pp_opt.solvers.lns.window import cut_window
+from pp_opt.solvers.process.stop import Search
 from pp_opt.solvers.timing import checked_timing
 
 log = logging.getLogger(__name__)

@@ -37,9 +37,9 @@ from pp_opt.problem import Problem
 from pp_opt.runtime_rules import runtime_chains
 from pp_opt.schedule import Schedule, ScheduledOp
 from pp_opt.solvers.cpsat.scaling import Scaling
-from pp_opt.solvers.interrupt import handling_signals
 from pp_opt.solvers.lifetimes import activation_events, match_lifetimes
 from pp_opt.solvers.lns.window import Window
+from pp_opt.solvers.process.stop import handling_signals
 
 log = logging.getLogger(__name__)
 

@@ -22,12 +22,12 @@ from pp_opt.ops import OpKind
 from pp_opt.problem import Problem
 from pp_opt.schedule import ScheduledOp, Status
 from pp_opt.solvers.base import BackendResult, OutOfTime, Progress, SolveOptions
-from pp_opt.solvers.interrupt import Search, guarded, running_search
 from pp_opt.solvers.milp.backends import BACKENDS, RunOutcome, RunSettings, run_backend
 from pp_opt.solvers.milp.model import build_model
 from pp_opt.solvers.milp.solution import read_ops
 from pp_opt.solvers.milp.variables import MilpModel
 from pp_opt.solvers.milp.warm import apply_warm_start, warm_ops, warm_values
+from pp_opt.solvers.process.stop import Search, guarded, running_search
 
 __all__ = ["BACKENDS", "solve_milp"]
 
@@ -73,7 +73,7 @@ def solve_milp(
     """
     if backend not in BACKENDS:
         raise ProblemError("backend", f"unknown {backend!r}; use one of {', '.join(BACKENDS)}")
-    with running_search() as search:
+    with running_search(options.stop) as search:
         report = guarded(options.progress, search)
         return _solve(problem, dag, replace(options, progress=report), backend, symmetry, search)
 
@@ -114,15 +114,8 @@ def _solve(
     values = warm_values(model, warm) if warm and model else None
     if model is not None and values is not None:
         apply_warm_start(model, values)
-    settings = RunSettings(
-        time_limit=options.time_limit,
-        threads=options.threads,
-        seed=options.seed,
-        warm_start=values is not None,
-        progress=options.progress,
-        started=started,
-        search=search,
-    )
+    settings = RunSettings(options=options, mip_start=values is not None, started=started,
+                           search=search)  # fmt: skip
     out_of_time = time.monotonic() - started >= options.time_limit
     if model is None or model.infeasible or out_of_time or search.stopped:
         # No time left after building (part of) the model, or a cap that precedences

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import pulp
 
 from pp_opt.errors import ProblemError
-from pp_opt.solvers.base import Progress, ProgressCallback
-from pp_opt.solvers.interrupt import Search
+from pp_opt.solvers.base import Progress, SolveOptions
+from pp_opt.solvers.process.stop import Search
 
 log = logging.getLogger(__name__)
 
@@ -33,19 +33,19 @@ class RunOutcome:
     bound: float | None
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(kw_only=True, slots=True, frozen=True)
 class RunSettings:
-    time_limit: float
-    """Seconds for the whole solve, counted from :attr:`started`."""
-    threads: int
-    seed: int
-    warm_start: bool
-    progress: ProgressCallback | None = None
+    """What a PuLP backend run reads: the solve's options and the MILP's own state."""
+
+    options: SolveOptions
+    """The solve's options as the backend got them (its seconds, threads, seed, progress)."""
+    mip_start: bool
+    """Whether a MIP start was put in the model (CBC is told to use it)."""
     started: float = 0.0
     """``time.monotonic()`` when the solve began (progress reports count from it)."""
     search: Search = field(default_factory=Search)
-    """Asked to stop by a signal or a failing callback: CBC gets SIGINT (and keeps its
-    incumbent), HiGHS is cancelled."""
+    """Asked to stop by a stop request or a failing callback: CBC gets SIGINT (and keeps
+    its incumbent), HiGHS is cancelled."""
 
 
 def run_backend(lp: pulp.LpProblem, backend: str, settings: RunSettings) -> RunOutcome:
@@ -62,17 +62,19 @@ def _cbc_command(settings: RunSettings, log_path: str, *, preprocess: bool) -> p
     # crashes in the CBC 2.10.3 that ships with PuLP, and its other parallel modes
     # are not repeatable, while the same seed must give the same schedule. The
     # seeds fix CBC's and CLP's random choices (0 would mean "from the clock").
-    options = [f"randomCbcSeed {settings.seed + 1}", f"randomSeed {settings.seed + 1}"]
+    seed = settings.options.seed + 1
+    options = [f"randomCbcSeed {seed}", f"randomSeed {seed}"]
     if not preprocess:
         options.append("preprocess off")
-    if settings.threads > 1:
-        log.debug("CBC runs single-threaded (repeatable); %d threads ignored", settings.threads)
-    remaining = settings.time_limit - (time.monotonic() - settings.started)
+    if settings.options.threads > 1:
+        log.debug("CBC runs single-threaded (repeatable); %d threads ignored",
+                  settings.options.threads)  # fmt: skip
+    remaining = settings.options.time_limit - (time.monotonic() - settings.started)
     kwargs = dict(
         msg=False,
         timeLimit=max(remaining, 0.1),
         options=options,
-        warmStart=settings.warm_start,
+        warmStart=settings.mip_start,
         logPath=log_path,
     )
     cmd = pulp.COIN_CMD(**kwargs)
@@ -92,7 +94,7 @@ def _run_cbc(lp: pulp.LpProblem, settings: RunSettings) -> RunOutcome:
         text, error = _cbc_once(lp, settings, preprocess=preprocess)
         if error is not None:
             bound = _cbc_bound(text)  # what the log said before CBC stopped
-            remaining = settings.time_limit - (time.monotonic() - settings.started)
+            remaining = settings.options.time_limit - (time.monotonic() - settings.started)
             if not preprocess or remaining < 1.0:
                 log.warning("CBC failed (%s)", error)
                 break
@@ -116,9 +118,9 @@ def _cbc_once(
         return "", pulp.PulpSolverError(f"not started: {settings.search.reason}")
     fd, log_path = tempfile.mkstemp(prefix="pp_opt_cbc_", suffix=".log")
     os.close(fd)
-    watcher = _LogWatcher(log_path, settings) if settings.progress else None
-    remaining = settings.time_limit - (time.monotonic() - settings.started)
-    grace = max(2.0, 0.05 * settings.time_limit)
+    watcher = _LogWatcher(log_path, settings) if settings.options.progress else None
+    remaining = settings.options.time_limit - (time.monotonic() - settings.started)
+    grace = max(2.0, 0.05 * settings.options.time_limit)
     deadline = _Deadline(log_path, max(remaining, 0.1) + grace, grace, settings.search)
     error = None
     try:
@@ -258,10 +260,10 @@ class _LogWatcher:
                 objective = _float_or(value, objective)
             for value in _BEST_POSSIBLE.findall(chunk):
                 bound = _float_or(value, bound)
-            if (objective, bound) != self._last and self._settings.progress:
+            if (objective, bound) != self._last and self._settings.options.progress:
                 self._last = (objective, bound)
                 elapsed = time.monotonic() - self._settings.started
-                self._settings.progress(Progress(elapsed, objective, bound))
+                self._settings.options.progress(Progress(elapsed, objective, bound))
 
 
 def _float_or(text: str, default: float | None) -> float | None:
@@ -282,7 +284,7 @@ class _WarmHiGHS(pulp.HiGHS):  # type: ignore[misc]  # PuLP has no type hints
 
     def callSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (PuLP's name)
         highs = lp.solverModel
-        if self._settings.warm_start:
+        if self._settings.mip_start:
             import highspy
 
             columns = sorted(lp.variables(), key=lambda v: v.index)
@@ -290,7 +292,7 @@ class _WarmHiGHS(pulp.HiGHS):  # type: ignore[misc]  # PuLP has no type hints
             solution.col_value = [float(v.varValue or 0.0) for v in columns]
             solution.value_valid = True
             highs.setSolution(solution)
-        if self._settings.progress is not None:
+        if self._settings.options.progress is not None:
             highs.cbMipImprovingSolution.subscribe(self._report)
             highs.cbMipLogging.subscribe(self._report)
         highs.HandleUserInterrupt = True  # a stop request (signal, failing callback) cancels
@@ -302,19 +304,19 @@ class _WarmHiGHS(pulp.HiGHS):  # type: ignore[misc]  # PuLP has no type hints
         out = event.data_out  # type: ignore[attr-defined]
         objective = out.mip_primal_bound if abs(out.mip_primal_bound) < 1e300 else None
         bound = out.mip_dual_bound if abs(out.mip_dual_bound) < 1e300 else None
-        if (objective, bound) != self._last and self._settings.progress is not None:
+        if (objective, bound) != self._last and self._settings.options.progress is not None:
             self._last = (objective, bound)
             elapsed = time.monotonic() - self._settings.started
-            self._settings.progress(Progress(elapsed, objective, bound))
+            self._settings.options.progress(Progress(elapsed, objective, bound))
 
 
 def _run_highs(lp: pulp.LpProblem, settings: RunSettings) -> RunOutcome:
     solver = _WarmHiGHS(
         settings=settings,
         msg=False,
-        timeLimit=max(settings.time_limit - (time.monotonic() - settings.started), 0.1),
-        threads=settings.threads,
-        random_seed=settings.seed,
+        timeLimit=max(settings.options.time_limit - (time.monotonic() - settings.started), 0.1),
+        threads=settings.options.threads,
+        random_seed=settings.options.seed,
     )
     lp.solve(solver)
     import highspy

@@ -1,0 +1,1 @@
+"""The Zero Bubble paper's cost-aware greedy rules (``loop`` and ``v``) and their tuning."""

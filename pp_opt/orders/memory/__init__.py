@@ -1,0 +1,1 @@
+"""Order rules built around the memory caps: list schedules, V-Half/V-Min, PipeOffload."""

@@ -1,0 +1,1 @@
+"""Passes that add offload copies (``OFFLOAD``/``RELOAD``) to a compute order."""

@@ -1,0 +1,1 @@
+"""Fixed order patterns: the classic schedules and PyTorch's, whatever the costs."""

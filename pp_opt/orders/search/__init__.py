@@ -1,0 +1,2 @@
+"""What searching generators share (quick timing, local search, budgets) and the warm
+starts of a solve."""

@@ -1,0 +1,211 @@
+"""``plan``: the planner as a short sequence of named steps.
+
+enumerate legal configurations -> split their layers -> bound and prune -> solve the
+survivors (short limits) -> evaluate the defaults beside the best -> refine the top few
+(the time left) -> rank and emit. Each step is a function of its own module.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from pathlib import Path
+
+from pp_opt.arguments import integer, number
+from pp_opt.errors import ProblemError
+from pp_opt.planner.baselines import baseline_candidates
+from pp_opt.planner.candidates import split_layers
+from pp_opt.planner.config import Pins, PlanInputs
+from pp_opt.planner.evaluate import SOLVED, EvaluationTask, Scored
+from pp_opt.planner.executors import Executor, make_executor
+from pp_opt.planner.problems import Bounded, bound_candidate
+from pp_opt.planner.result import Plan
+from pp_opt.planner.search import ProgressFn, refine, solve_survivors
+from pp_opt.planner.space import Enumeration, enumerate_configs
+from pp_opt.profiler.cards import HardwareCard, ModelCard, load_hardware_card, load_model_card
+from pp_opt.solvers.process.stop import stop_requested
+
+log = logging.getLogger(__name__)
+
+SCREEN_SHARE = 0.6
+"""Share of the time limit after which no further candidate is screened."""
+SHORT_LIMIT = (1.0, 10.0)
+"""Least and most seconds of one screening solve."""
+FINISH_MARGIN = 0.03
+"""Share of the time limit kept free at the end (writing the plan)."""
+
+
+def short_limit(time_limit: float, candidates: int, workers: int) -> float:
+    """Seconds per screening solve: the screening share of the time, over the candidates,
+    times the workers, within :data:`SHORT_LIMIT`."""
+    low, high = SHORT_LIMIT
+    if candidates == 0:
+        return low
+    share = SCREEN_SHARE * time_limit * workers / candidates
+    return max(low, min(high, share, SCREEN_SHARE * time_limit))
+
+
+NO_SPLIT = "infeasible: no layer split fits the memory"
+
+
+def prepare(
+    inputs: PlanInputs, pins: Pins, *, splits: int = 2
+) -> tuple[Enumeration, list[Bounded], Counter[str]]:
+    """Steps 1 to 3: the legal configurations, their split candidates with bounds, and the
+    infeasible ones counted by reason (a configuration without a split counts once)."""
+    enumeration = enumerate_configs(inputs, pins)
+    if not enumeration.configs:
+        reasons = ", ".join(sorted(enumeration.skipped)) or "nothing to try"
+        raise ProblemError("gpus", f"no legal configuration ({reasons}); change the pins")
+    candidates, unsplit = split_layers(inputs, enumeration.configs, count=splits)
+    pruned: Counter[str] = Counter()
+    if unsplit:
+        pruned[NO_SPLIT] += unsplit
+    bounded = [bound_candidate(inputs, c) for c in candidates]
+    for b in bounded:
+        if b.infeasible is not None:
+            pruned[f"infeasible: {b.infeasible}"] += 1
+    return enumeration, bounded, pruned
+
+
+def plan(
+    *,
+    model: str | Path | ModelCard,
+    hardware: str | Path | HardwareCard,
+    gpus: int,
+    global_batch: int,
+    seq: int | None = None,
+    pins: Pins | None = None,
+    time_limit: float = 300.0,
+    workers: int = 1,
+    ray: str | None = None,
+    executor: Executor | None = None,
+    keep: int = 5,
+    splits: int = 2,
+    refine_top: int = 3,
+    seed: int = 0,
+    threads: int = 1,
+    progress: ProgressFn | None = None,
+) -> Plan:
+    """Rank the configurations of one training job by step time.
+
+    Parameters
+    ----------
+    model, hardware
+        Card paths, bundled card names or loaded cards.
+    gpus, global_batch, seq
+        GPUs, sequences per optimizer step, sequence length (the model card's by default).
+    pins
+        Dimensions to pin (each a set of values); the others are searched.
+    time_limit
+        Wall-clock seconds for the whole plan.
+    workers, ray, executor
+        Where candidates are solved: ``workers`` local processes (one: this process), a Ray
+        cluster (``ray="auto"`` or an address), or an :class:`Executor` of your own.
+    keep
+        Candidates whose bound cannot beat the ``keep``-th best step time are pruned, so the
+        first ``keep`` of the ranking are what an exhaustive search would give.
+    splits
+        Layer splits tried per configuration.
+    refine_top
+        Best candidates solved again with the time left.
+    seed, threads
+        Solver seed and threads per solve (the same seed and threads, and solves that end
+        before their limits, give the same plan on every executor).
+    progress
+        Called as candidates finish.
+
+    Returns
+    -------
+    Plan
+        Ranked candidates, the defaults beside the best, pruned and skipped counts.
+    """
+    started = time.perf_counter()
+    number("time_limit", time_limit, low=1.0, high=1e7)
+    integer("keep", keep, low=1, high=10_000)
+    integer("splits", splits, low=1, high=3)
+    integer("refine_top", refine_top, low=0, high=100)
+    integer("workers", workers, low=1, high=1024)
+    integer("threads", threads, low=1, high=1024)
+    card = load_model_card(model)
+    inputs = PlanInputs(
+        model=card, hardware=load_hardware_card(hardware), gpus=gpus,
+        global_batch=global_batch, seq=card.seq if seq is None else seq,
+    )  # fmt: skip
+    pins = pins or Pins()
+    end = started + time_limit * (1 - FINISH_MARGIN)
+
+    owned = executor is None  # made first: a Ray address that does not answer fails early
+    runner = executor if executor is not None else make_executor(workers=workers, ray=ray)
+    try:
+        enumeration, bounded, pruned = prepare(inputs, pins, splits=splits)
+    except BaseException:
+        if owned:
+            runner.close()
+        raise
+    feasible = sum(b.infeasible is None for b in bounded)
+    short = short_limit(time_limit, feasible, runner.workers)
+    total = len(bounded) + pruned[NO_SPLIT]
+    try:
+        found = solve_survivors(
+            inputs, bounded, runner, short=short, deadline=started + SCREEN_SHARE * time_limit,
+            keep=keep, seed=seed, threads=threads, started=started, total=total,
+            pruned=pruned, progress=progress,
+        )  # fmt: skip
+        ranked = sorted((s for s in found.scored if s.ok), key=Scored.sort_key)
+        defaults: list[Scored] = []
+        if ranked and stop_requested() is None:
+            defaults = _baselines(inputs, ranked[0], runner, short=short, seed=seed,
+                                  threads=threads, deadline=end)  # fmt: skip
+        refine(inputs, found, runner, count=refine_top, deadline=end, seed=seed, threads=threads)
+    finally:
+        if owned:
+            runner.close()
+    ranked = sorted((s for s in found.scored if s.ok), key=Scored.sort_key)
+    result = Plan(
+        inputs=inputs, pins=pins, candidates=ranked,
+        failed=[s for s in found.scored if not s.ok], baselines=defaults, pruned=found.pruned,
+        skipped=enumeration.skipped, configurations=len(enumeration.configs),
+        seconds=time.perf_counter() - started, time_limit=time_limit,
+        executor=type(runner).__name__ if not owned else _executor_name(workers, ray),
+    )  # fmt: skip
+    from pp_opt.planner.training import plan_training
+
+    try:  # torchtitan 0.3, no activation checkpointing (plan_training takes others)
+        result.training = plan_training(result).settings
+    except ProblemError as err:  # the ranking stands without them
+        result.training = {"notes": [f"no training settings: {err}"]}
+    return result
+
+
+def _executor_name(workers: int, ray: str | None) -> str:
+    if ray is not None:
+        return f"ray ({ray})"
+    return "this process" if workers == 1 else f"{workers} local processes"
+
+
+def _baselines(
+    inputs: PlanInputs,
+    best: Scored,
+    executor: Executor,
+    *,
+    short: float,
+    seed: int,
+    threads: int,
+    deadline: float,
+) -> list[Scored]:
+    """torchtitan's and Megatron-LM's defaults for the best's degrees, each with its own
+    order and with pp_opt's solved one."""
+    jobs = []
+    limit = max(1.0, min(short, (deadline - time.perf_counter()) / 4))
+    for label, name, candidate in baseline_candidates(best.candidate, inputs.model.layers):
+        for order in (name, SOLVED):
+            jobs.append(EvaluationTask(inputs=inputs, candidate=candidate, order=order,
+                                       time_limit=limit, seed=seed, threads=threads,
+                                       label=label))  # fmt: skip
+    for job in jobs:
+        executor.submit(job)
+    done = [executor.next_done() for _ in jobs]
+    place = {(j.label, j.candidate, j.order): i for i, j in enumerate(jobs)}
+    return sorted(done, key=lambda s: place[(s.label, s.candidate, s.order)])

@@ -1,0 +1,142 @@
+"""Step 1 of a plan: every legal configuration, and how many were skipped and why.
+
+A dimension a user pinned takes the pinned values; the others take every legal value:
+``tp`` divides the node's GPUs, the job's GPUs and the heads; ``pp`` divides the GPUs left;
+``dp = gpus / (tp * pp)``; ``mbs`` divides the sequences of one replica, so that
+``m = global_batch / (dp * mbs)`` is whole; a ``loop`` placement has ``v`` chunks with
+``pp * v`` at most the layers (``v > 1`` needs ``pp > 1``); the ``v`` placement has two;
+recompute and offload are each allowed or not; the optimizer state is sharded over ``dp``
+or not (only ``dp > 1`` has a choice). A pinned value that breaks a rule is skipped and
+counted under its reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from dataclasses import dataclass, field
+
+from pp_opt.errors import ProblemError
+from pp_opt.job import Job
+from pp_opt.planner.config import Candidate, Pins, PlanInputs
+
+PLACEMENTS = ("loop", "v")
+
+
+@dataclass(kw_only=True, slots=True)
+class Enumeration:
+    """The legal configurations, in a fixed order, and the skipped ones counted by reason."""
+
+    configs: list[Candidate] = field(default_factory=list)
+    """Legal configurations (their layers not split yet)."""
+    skipped: Counter[str] = field(default_factory=Counter)
+    """Reason -> how many (partial) configurations it skipped."""
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _tp_values(inputs: PlanInputs, pins: Pins, skipped: Counter[str]) -> list[int]:
+    card, node = inputs.model, inputs.hardware.gpus_per_node
+    out = []
+    for tp in pins.tp or tuple(divisors(node)):
+        if node % tp:
+            skipped[f"tp does not divide gpus_per_node ({node})"] += 1
+        elif inputs.gpus % tp:
+            skipped["tp does not divide gpus"] += 1
+        elif card.heads % tp or card.num_kv_heads % tp:
+            skipped["tp does not divide the heads"] += 1
+        else:
+            out.append(tp)
+    return out
+
+
+def _pp_values(inputs: PlanInputs, pins: Pins, tp: int, skipped: Counter[str]) -> list[int]:
+    out = []
+    for pp in pins.pp or tuple(divisors(inputs.gpus // tp)):
+        if (inputs.gpus // tp) % pp:
+            skipped["tp * pp does not divide gpus"] += 1
+        elif pp > inputs.model.layers:
+            skipped["pp above the layers"] += 1
+        else:
+            out.append(pp)
+    return out
+
+
+def _mbs_values(inputs: PlanInputs, pins: Pins, dp: int, skipped: Counter[str]) -> list[int]:
+    if inputs.global_batch % dp:
+        skipped["dp does not divide global_batch"] += 1
+        return []
+    out = []
+    for mbs in pins.mbs or tuple(divisors(inputs.global_batch // dp)):
+        if (inputs.global_batch // dp) % mbs:
+            skipped["dp * mbs does not divide global_batch"] += 1
+        else:
+            out.append(mbs)
+    return out
+
+
+def _chunk_values(
+    inputs: PlanInputs, pins: Pins, pp: int, skipped: Counter[str]
+) -> list[tuple[str, int]]:
+    layers = inputs.model.layers
+    out = []
+    for placement in pins.placement or (PLACEMENTS if pp > 1 else ("loop",)):
+        if placement not in PLACEMENTS:
+            skipped[f"unknown placement {placement!r}"] += 1
+        elif placement == "v":
+            if pins.v is not None and 2 not in pins.v:
+                skipped["v placement needs v = 2"] += 1
+            elif pp < 2:
+                skipped["v placement needs pp >= 2"] += 1
+            elif 2 * pp > layers:
+                skipped["pp * v above the layers"] += 1
+            else:
+                out.append(("v", 2))
+        else:
+            default = tuple(range(1, layers // pp + 1)) if pp > 1 else (1,)
+            for v in pins.v or default:
+                if v > 1 and pp == 1:
+                    skipped["v > 1 needs pp >= 2"] += 1
+                elif pp * v > layers:
+                    skipped["pp * v above the layers"] += 1
+                else:
+                    out.append(("loop", v))
+    return out
+
+
+def _switches(pins: Pins, dp: int) -> list[tuple[bool, bool, bool]]:
+    both = (False, True)
+    recompute = both if pins.recompute is None else (pins.recompute,)
+    offload = both if pins.offload is None else (pins.offload,)
+    if dp == 1:
+        sharding: tuple[bool, ...] = (False,)
+    else:
+        sharding = both if pins.optimizer_sharding is None else (pins.optimizer_sharding,)
+    return list(itertools.product(recompute, offload, sharding))
+
+
+def enumerate_configs(inputs: PlanInputs, pins: Pins) -> Enumeration:
+    """Every legal configuration of ``inputs`` under ``pins`` (candidates whose layers are
+    not split yet), skipped ones counted."""
+    result = Enumeration()
+    skipped = result.skipped
+    for tp in _tp_values(inputs, pins, skipped):
+        for pp in _pp_values(inputs, pins, tp, skipped):
+            dp = inputs.gpus // (tp * pp)
+            for mbs in _mbs_values(inputs, pins, dp, skipped):
+                m = inputs.global_batch // (dp * mbs)
+                for placement, v in _chunk_values(inputs, pins, pp, skipped):
+                    for recompute, offload, sharding in _switches(pins, dp):
+                        try:
+                            job = Job(tp=tp, pp=pp, dp=dp, v=v, placement=placement, mbs=mbs,
+                                      microbatches=m, seq=inputs.seq,
+                                      optimizer_sharding=sharding)  # fmt: skip
+                        except ProblemError as err:
+                            skipped[f"beyond pp_opt's limits ({err.field})"] += 1
+                            continue
+                        result.configs.append(
+                            Candidate(job=job, recompute=recompute, offload=offload)
+                        )
+    return result
