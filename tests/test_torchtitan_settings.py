@@ -132,7 +132,7 @@ def test_fused_cost_is_the_fused_1f1b_makespan() -> None:
     # Uniform 1F1B without communication: (m + p - 1) (t_f + t_b + t_w).
     assert cost.fused_makespan == pytest.approx((problem.m + problem.p - 1)
                                                 * (st.t_f + st.t_b + st.t_w))  # fmt: skip
-    assert cost.extra == pytest.approx(cost.fused_makespan - schedule.metrics.makespan)
+    assert cost.added == pytest.approx(cost.fused_makespan - schedule.metrics.makespan)
     assert not cost.violations
 
 

@@ -82,9 +82,9 @@ def _say_fused_cost(schedule: Schedule) -> None:
     except ProblemError as err:
         say(f"fused backward not re-timed: {err}")
         return
-    share = cost.extra / cost.split_makespan if cost.split_makespan else 0.0
+    share = cost.added / cost.split_makespan if cost.split_makespan else 0.0
     say(f"fused backward: predicted makespan {cost.fused_makespan:.4g} against "
-        f"{cost.split_makespan:.4g} split (+{cost.extra:.4g}, +{share:.1%})"
+        f"{cost.split_makespan:.4g} split (+{cost.added:.4g}, +{share:.1%})"
         + (f"; it breaks {cost.violations[0]}" if cost.violations else ""))  # fmt: skip
 
 

@@ -31,7 +31,7 @@ class FusedCost:
     """What the fused schedule breaks (memory), empty when it is valid."""
 
     @property
-    def extra(self) -> float:
+    def added(self) -> float:
         """Makespan the fused backward adds."""
         return self.fused_makespan - self.split_makespan
 

@@ -169,15 +169,15 @@ def _fused_note(chosen: Scored, schedule: Schedule, mode: str, notes: list[str])
 
     cost = fused_backward_schedule(schedule)
     step = chosen.step_time or 0.0
-    fused_step = step + cost.extra
+    fused_step = step + cost.added
     text = (
         f"{mode} activation checkpointing cannot run a split backward (I then W), so the CSV "
         f"fuses each I and its W into one B at the I's place (--fused-backward): predicted "
-        f"step {fused_step:.1f} ms against {step:.1f} ms split (+{cost.extra:.1f} ms, "
-        f"+{cost.extra / step if step else 0.0:.1%})"
+        f"step {fused_step:.1f} ms against {step:.1f} ms split (+{cost.added:.1f} ms, "
+        f"+{cost.added / step if step else 0.0:.1%})"
     )  # fmt: skip
     if cost.violations:
         text += f"; the fused order breaks {len(cost.violations)} rule(s): {cost.violations[0]}"
     notes.append(text)
-    return {"step_time": fused_step, "split_step_time": step, "extra_ms": cost.extra,
+    return {"step_time": fused_step, "split_step_time": step, "added_ms": cost.added,
             "violations": list(cost.violations)}  # fmt: skip
