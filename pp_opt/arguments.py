@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from pp_opt.errors import ProblemError
+from pp_opt.problem import Problem
+from pp_opt.schedule import Schedule, SolverInfo
 
 MAX_SEED = 2**31 - 1
 """Largest random seed (the solvers take 32-bit seeds)."""
@@ -25,6 +27,35 @@ def of_type(name: str, value: Any, kind: type | tuple[type, ...], what: str) -> 
     if not isinstance(value, kind):
         raise ProblemError(name, f"got {type(value).__name__} {value!r:.60}; expected {what}")
     return value
+
+
+def optional(name: str, value: Any, kind: type | tuple[type, ...], what: str) -> Any:
+    """``value`` when it is None or an instance of ``kind``; an error naming ``name`` if not."""
+    return None if value is None else of_type(name, value, kind, f"{what} or None")
+
+
+def flag(name: str, value: Any) -> bool:
+    """A bool (not a number or a string that reads as one)."""
+    found: bool = of_type(name, value, bool, "True or False")
+    return found
+
+
+def a_problem(value: Any, name: str = "problem") -> Problem:
+    """``value`` when it is a :class:`~pp_opt.problem.Problem`."""
+    found: Problem = of_type(name, value, Problem, "a pp_opt Problem (pp_opt.load_problem)")
+    return found
+
+
+def a_schedule(value: Any, name: str = "schedule") -> Schedule:
+    """``value`` when it is a :class:`~pp_opt.schedule.Schedule`."""
+    found: Schedule = of_type(name, value, Schedule, "a pp_opt Schedule (pp_opt.load_schedule)")
+    return found
+
+
+def a_solver_info(value: Any, name: str = "solver") -> SolverInfo | None:
+    """``value`` when it is None or a :class:`~pp_opt.schedule.SolverInfo`."""
+    found: SolverInfo | None = optional(name, value, SolverInfo, "a SolverInfo")
+    return found
 
 
 def integer(name: str, value: Any, *, low: int, high: int | None = None) -> int:
@@ -85,10 +116,7 @@ def check_solve(
     offload_fractions: Any,
 ) -> None:  # fmt: skip
     """The arguments of :func:`pp_opt.solvers.solve` that its own checks leave out."""
-    from pp_opt.problem import Problem
-    from pp_opt.schedule import Schedule
-
-    of_type("problem", problem, Problem, "a pp_opt Problem (pp_opt.load_problem)")
+    a_problem(problem)
     number("time_limit", time_limit, above=0, high=MAX_TIME_LIMIT)
     integer("threads", threads, low=1, high=MAX_THREADS)
     integer("seed", seed, low=0, high=MAX_SEED)
@@ -99,7 +127,15 @@ def check_solve(
 
 def check_problem_and_fractions(problem: Any, offload_fractions: Any = (1.0,)) -> None:
     """``problem`` is a :class:`~pp_opt.problem.Problem`; ``offload_fractions`` in (0, 1]."""
-    from pp_opt.problem import Problem
-
-    of_type("problem", problem, Problem, "a pp_opt Problem (pp_opt.load_problem)")
+    a_problem(problem)
     fractions("offload_fractions", offload_fractions, empty=True)
+
+
+def check_profile(*, measure: Any, layers: Any) -> None:
+    """The arguments of :func:`pp_opt.profiler.profile_costs` its layout checks leave out."""
+    flag("measure", measure)
+    if layers is not None:
+        if isinstance(layers, str | bytes) or not isinstance(layers, Iterable):
+            raise ProblemError("layers", f"got {layers!r:.60}; give a list of layer counts or None")
+        for count in layers:
+            integer("layers", count, low=0)

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pp_opt.errors import ProblemError
+from pp_opt.levels import running_levels
 from pp_opt.ops import OpKind, Stream, memory_delta
 from pp_opt.problem import Problem
 from pp_opt.schedule import Metrics, ScheduledOp
+from pp_opt.time_rule import settle_frees, time_slack
 
 
 def recomputed_pairs(ops: Iterable[ScheduledOp]) -> set[tuple[int, int]]:
@@ -16,10 +18,16 @@ def recomputed_pairs(ops: Iterable[ScheduledOp]) -> set[tuple[int, int]]:
 
 
 def memory_events(problem: Problem, ops: Iterable[ScheduledOp]) -> list[list[tuple[float, float]]]:
-    """Per device, ``(time, delta)`` events sorted so frees at a time come before allocations."""
+    """Per device, ``(time, delta)`` events in the order the time rule applies them.
+
+    Frees come before allocations at equal times, and a free within the rule's slack
+    after an allocation counts as before it (:func:`pp_opt.time_rule.settle_frees`), as
+    the validator counts it.
+    """
     ops = list(ops)
     recomputed = recomputed_pairs(ops)
-    events: list[list[tuple[float, float]]] = [[] for _ in range(problem.p)]
+    slack = time_slack(ops)
+    events: list[list[tuple[float, float, None]]] = [[] for _ in range(problem.p)]
     for op in ops:
         at_start, at_end = memory_delta(
             problem,
@@ -30,23 +38,26 @@ def memory_events(problem: Problem, ops: Iterable[ScheduledOp]) -> list[list[tup
         )
         device = problem.device_of(op.stage)
         if at_start:
-            events[device].append((op.start, at_start))
+            events[device].append((op.start, at_start, None))
         if at_end:
-            events[device].append((op.end, at_end))
+            events[device].append((op.end, at_end, None))
+    settled = []
     for row in events:
-        row.sort()  # at equal times the negative deltas (frees) sort first
-    return events
+        row.sort(key=lambda event: event[:2])  # ties as ever: by time, then delta
+        settled.append([(time, delta) for time, delta, _ in settle_frees(row, slack)])
+    return settled
 
 
 def memory_profile(problem: Problem, ops: Iterable[ScheduledOp]) -> list[list[tuple[float, float]]]:
-    """Per device, the step function ``(time, level)`` of static plus activation memory."""
+    """Per device, the step function ``(time, level)`` of static plus activation memory
+    (each level summed exactly, :func:`pp_opt.levels.running_levels`)."""
     profiles = []
     for device, events in enumerate(memory_events(problem, ops)):
-        level = problem.devices[device].static
-        steps = [(0.0, level)]
-        for time, delta in events:
-            level += delta
-            if steps and steps[-1][0] == time:
+        static = problem.devices[device].static
+        steps = [(0.0, static)]
+        levels = running_levels(static, (delta for _, delta in events))
+        for (time, _), level in zip(events, levels, strict=True):
+            if steps[-1][0] == time:
                 steps[-1] = (time, level)
             else:
                 steps.append((time, level))

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pp_opt.arguments import a_problem
 from pp_opt.compat import with_v
 from pp_opt.errors import ProblemError
 from pp_opt.limits import check_size
@@ -336,6 +337,7 @@ def resplit(problem: Problem, placement: str, v: int) -> Problem:
     Per-chunk times and memory are the device totals divided by ``v`` (as the Zero
     Bubble paper does for ZB-V); the stage input size ``m_in`` stays that of a stage.
     """
+    a_problem(problem)
     if placement not in PLACEMENTS:
         raise ProblemError(
             "placement", f"unknown {placement!r}; use one of {', '.join(PLACEMENTS)}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pp_opt.arguments import a_problem, choice, flag, integer, number, of_type, optional
 from pp_opt.bounds import check_static_caps
 from pp_opt.problem import Device, Problem
 from pp_opt.problem_io import load_problem, resplit
@@ -24,6 +25,13 @@ def problem_with_overrides(
     recompute: bool | None = None,
 ) -> Problem:
     """Load a problem file and apply the command-line overrides to it (each one checked)."""
+    of_type("path", path, (str, Path), "a problem file's path")
+    optional("placement", placement, str, '"loop" or "v"')
+    if placement is not None:
+        choice("placement", placement, ("loop", "v"))
+    if v is not None:
+        integer("v", v, low=1)
+    _check_switches(cap=cap, objective=objective, offload=offload, recompute=recompute)
     problem = load_problem(path)
     if placement is not None or v is not None:
         target = placement or ("loop" if problem.placement == "explicit" else problem.placement)
@@ -43,6 +51,8 @@ def apply_overrides(
     recompute: bool | None = None,
 ) -> Problem:
     """The problem with the cap of every device and the switches the user gave replaced."""
+    a_problem(problem)
+    _check_switches(cap=cap, objective=objective, offload=offload, recompute=recompute)
     changes: dict[str, object] = {}
     if cap is not None:
         check_static_caps(problem, [cap] * problem.p)  # a cap below static memory: exit 2
@@ -51,3 +61,13 @@ def apply_overrides(
         if value is not None:
             changes[name] = value
     return problem.replace(**changes) if changes else problem
+
+
+def _check_switches(*, cap: object, objective: object, offload: object, recompute: object) -> None:
+    if cap is not None:
+        number("cap", cap, low=0.0)
+    if objective is not None:
+        choice("objective", objective, ("makespan", "span"))
+    for name, value in (("offload", offload), ("recompute", recompute)):
+        if value is not None:
+            flag(name, value)

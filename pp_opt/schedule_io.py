@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from pp_opt.arguments import a_schedule, flag, of_type
 from pp_opt.errors import ProblemError
 from pp_opt.ops import OpKind, Stream
 from pp_opt.order import Variant
@@ -111,15 +112,15 @@ def save_schedule(schedule: Schedule, path: str | Path, *, force: bool = False) 
     from pp_opt.validator import require_valid
 
     require_schedule("schedule", schedule)
+    of_type("path", path, (str, Path), "a file path")
+    flag("force", force)
     require_valid(schedule, force=force, action="save")
     return write_text(path, dumps_schedule(schedule), field="path")
 
 
 def require_schedule(name: str, value: object) -> Schedule:
     """``value`` when it is a :class:`Schedule`; a :class:`ProblemError` naming ``name`` if not."""
-    if not isinstance(value, Schedule):
-        raise ProblemError(name, f"got {type(value).__name__}; expected a pp_opt Schedule")
-    return value
+    return a_schedule(value, name)
 
 
 _TOP_KEYS = ("format", "version", "problem", "solver", "metrics", "devices")

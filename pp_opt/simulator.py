@@ -14,18 +14,21 @@ earlier, and every free that preceded an allocation still precedes it).
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
 import networkx as nx
 
+from pp_opt.arguments import a_schedule, a_solver_info, of_type, optional
 from pp_opt.dag import dag_for, required_ops, stage_latency, successors
 from pp_opt.errors import DeadlockError, ProblemError
 from pp_opt.metrics import compute_metrics
 from pp_opt.ops import OpKey, OpKind, Stream, duration, stream_of
 from pp_opt.order import Order, Streams
 from pp_opt.problem import Problem
-from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo, Status
+from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo, Status, execution_order_key
+from pp_opt.time_rule import counts_before, time_slack
 
 QueueKey = tuple[int, Stream]
 
@@ -62,12 +65,35 @@ def simulate(
     ProblemError
         When the order lists a wrong set of ops.
     """
+    of_type("order", order, Order, "a pp_opt Order (pp_opt.order_of)")
+    optional("dag", dag, nx.DiGraph, "a DAG of pp_opt.dag.dag_for")
+    a_solver_info(solver)
     problem = order.problem
     dag = dag if dag is not None else dag_for(problem, order.variant)
-    fractions = order.fractions
     present = _check_order(problem, dag, order.streams)
     preds, succs = _edges(problem, dag, present, order.waits)
     queues = {k: list(v) for k, v in order.streams.items() if v}
+    timed, end, position = _run_queues(problem, queues, preds, succs, present, order.fractions)
+    if len(end) < len(present):
+        raise DeadlockError(_deadlock_message(preds, queues, position, end))
+    solver = solver or SolverInfo(name="simulate", status=Status.HEURISTIC, objective=0.0)
+    metrics = compute_metrics(problem, timed)
+    solver.objective = metrics.makespan if problem.objective == "makespan" else max(metrics.span)
+    return Schedule(
+        problem=problem, ops=tuple(timed), solver=solver, metrics=metrics, variant=order.variant
+    )
+
+
+def _run_queues(
+    problem: Problem,
+    queues: dict[QueueKey, list[OpKey]],
+    preds: dict[OpKey, list[tuple[OpKey, float]]],
+    succs: dict[OpKey, list[OpKey]],
+    present: set[OpKey],
+    fractions: Mapping[OpKey, float],
+) -> tuple[list[ScheduledOp], dict[OpKey, float], dict[QueueKey, int]]:
+    """Run each stream's queue in order, every op at its earliest start (a heap of the
+    streams whose head op is ready); the ops timed, their ends and how far each queue got."""
     position = dict.fromkeys(queues, 0)
     queue_of = {key: qk for qk, keys in queues.items() for key in keys}
     waiting = {key: len(preds[key]) for key in present}
@@ -123,14 +149,7 @@ def simulate(
             wq = queue_of[w]
             if waiting[w] == 0 and queues[wq][position[wq]] == w:
                 push_head(wq)
-    if len(end) < len(present):
-        raise DeadlockError(_deadlock_message(preds, queues, position, end))
-    solver = solver or SolverInfo(name="simulate", status=Status.HEURISTIC, objective=0.0)
-    metrics = compute_metrics(problem, timed)
-    solver.objective = metrics.makespan if problem.objective == "makespan" else max(metrics.span)
-    return Schedule(
-        problem=problem, ops=tuple(timed), solver=solver, metrics=metrics, variant=order.variant
-    )
+    return timed, end, position
 
 
 def order_of(schedule: Schedule) -> Order:
@@ -138,13 +157,15 @@ def order_of(schedule: Schedule) -> Order:
 
     ``simulate(order_of(schedule))`` re-times it (see :func:`retime`).
     """
+    a_schedule(schedule)
     streams: dict[QueueKey, list[OpKey]] = {}
     by_device = schedule.by_device()
     for device, own in enumerate(by_device):
         for op in own:
             streams.setdefault((device, op.stream), []).append(op.key)
     fractions = {op.key: op.fraction for op in schedule.ops if op.fraction != 1.0}
-    waits = [wait for own in by_device for wait in _device_waits(own)]
+    slack = time_slack(schedule.ops)
+    waits = [wait for own in by_device for wait in _device_waits(own, slack)]
     return Order(
         problem=schedule.problem,
         streams=streams,
@@ -155,11 +176,12 @@ def order_of(schedule: Schedule) -> Order:
     )
 
 
-def _device_waits(own: Sequence[ScheduledOp]) -> list[tuple[OpKey, OpKey]]:
+def _device_waits(own: Sequence[ScheduledOp], slack: float) -> list[tuple[OpKey, OpKey]]:
     """Cross-stream waits of one device's ops (in execution order).
 
     For each op and each other stream of its device, the last op there that ended at or
-    before this op's start and comes before it in execution order (earlier ones follow
+    before this op's start (as :func:`pp_opt.time_rule.counts_before` says: up to the
+    time slack after it counts) and comes before it in execution order (earlier ones follow
     from the stream order): re-timing with these never raises the memory peak nor the
     objective (every start can only move earlier, and every free that preceded an
     allocation still precedes it). Waits only point forward in execution order, so
@@ -181,7 +203,10 @@ def _device_waits(own: Sequence[ScheduledOp]) -> list[tuple[OpKey, OpKey]]:
         for stream, others in ended.items():
             if stream is op.stream:
                 continue
-            count = bisect_right(ends[stream], op.start)
+            # Ops that end by op's start, as the time rule counts it (DESIGN.md §5).
+            count = bisect_left(
+                ends[stream], True, key=lambda e: not counts_before(e, op.start, slack)
+            )
             while count and position[id(others[count - 1])] > here:
                 count -= 1  # ends at op's start but runs after it: a zero-time op
             if count:
@@ -193,7 +218,64 @@ def _device_waits(own: Sequence[ScheduledOp]) -> list[tuple[OpKey, OpKey]]:
 
 def retime(schedule: Schedule, *, solver: SolverInfo | None = None) -> Schedule:
     """Re-time a schedule's own op order and cross-stream waits with the simulator."""
+    a_schedule(schedule)
+    a_solver_info(solver)
     return simulate(order_of(schedule), solver=solver)
+
+
+def align(schedule: Schedule) -> Schedule:
+    """The schedule with the times that are meant to be equal written equal (DESIGN.md §5).
+
+    An op that starts within the time rule's slack of an end it waits for (a DAG
+    predecessor's end plus its latency, an op of its own device, the copy before it on a
+    shared host link) starts at exactly that end, the latest of them, and its end moves
+    with it. A solver's times read back from scaled integers and re-timed in parts (the
+    search's windows) give ``11.4 + 0.3 = 11.700000000000001`` for a W and ``11.7`` for the
+    forward after it; aligned, reading the file needs no tolerance. Starts move by no more
+    than the slack, so a valid schedule stays valid. The schedule itself comes back when
+    nothing moves; otherwise with its metrics recomputed.
+    """
+    problem = schedule.problem
+    slack = time_slack(schedule.ops)
+    lag = stage_latency(problem)
+    preds: dict[OpKey, list[OpKey]] = {}
+    for u, after in successors(dag_for(problem, schedule.variant)).items():
+        for w in after:
+            preds.setdefault(w, []).append(u)
+    ends: dict[OpKey, tuple[float, float]] = {}  # each op's end: (as given, as aligned)
+    running: dict[object, list[tuple[float, float]]] = {}  # ends not yet behind the sweep
+    latest: dict[object, tuple[float, float]] = {}  # the op before, per stream and link
+    moved: dict[int, ScheduledOp] = {}
+    for op in sorted(schedule.ops, key=execution_order_key):
+        device = problem.device_of(op.stage)
+        group = None if op.stream is Stream.COMPUTE else problem.link_group(device)
+        lanes: list[object] = [(device, op.stream)]
+        if group is not None:
+            lanes.append(("link", group, op.stream))
+        anchors = [(ends[u][0] + lag(u.stage, op.stage), ends[u][1] + lag(u.stage, op.stage))
+                   for u in preds.get(op.key, ()) if u in ends]  # fmt: skip
+        anchors += [latest[lane] for lane in lanes if lane in latest]
+        for pool in (device, *lanes[1:]):
+            near = [e for e in running.get(pool, ()) if e[0] >= op.start - slack]
+            running[pool] = near
+            anchors += near
+        start = max((new for old, new in anchors if abs(old - op.start) <= slack),
+                    default=op.start)  # fmt: skip
+        start = max([start, *(new for old, new in anchors if old <= op.start + slack)])
+        end = op.end if start == op.start else start + (op.end - op.start)
+        if start != op.start:
+            moved[id(op)] = ScheduledOp(op.kind, op.stage, op.microbatch, op.stream, start,
+                                        end, op.fraction)  # fmt: skip
+        ends[op.key] = (op.end, end)
+        for pool in (device, *lanes[1:]):
+            running.setdefault(pool, []).append((op.end, end))
+        for lane in lanes:
+            if lane not in latest or latest[lane][0] <= op.end:
+                latest[lane] = (op.end, end)
+    if not moved:
+        return schedule
+    ops = tuple(moved.get(id(op), op) for op in schedule.ops)
+    return replace(schedule, ops=ops, metrics=compute_metrics(problem, ops))
 
 
 def _durations(problem: Problem) -> dict[tuple[OpKind, int], float]:

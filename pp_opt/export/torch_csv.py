@@ -27,6 +27,7 @@ from pp_opt.errors import PPOptError, ProblemError
 from pp_opt.ops import OpKey, OpKind, Stream
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule, ScheduledOp
+from pp_opt.time_rule import counts_before, time_slack
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +35,6 @@ FORMATS = ("compute_only", "compute_comms")
 TORCH_TYPE = {OpKind.F: "F", OpKind.B: "I", OpKind.W: "W", OpKind.BW: "B"}
 """PyTorch's action letter of each compute op kind."""
 COPY_KINDS = (OpKind.OFFLOAD, OpKind.RELOAD)
-_TIME_EPS = 1e-9
 
 
 class TorchAction(NamedTuple):
@@ -145,7 +145,7 @@ def torch_actions(
         )
     blocks = {rank: _rank_blocks(schedule, rank, format) for rank in range(problem.p)}
     if format == "compute_comms":
-        _insert_receives(problem, blocks)
+        _insert_receives(problem, blocks, time_slack(schedule.ops))
     return {
         rank: [
             a
@@ -274,12 +274,13 @@ class _Recv(NamedTuple):
     action: TorchAction
 
 
-def _insert_receives(problem: Problem, blocks: dict[int, list[_Block]]) -> None:
+def _insert_receives(problem: Problem, blocks: dict[int, list[_Block]], slack: float) -> None:
     """Put each receive on its rank at the time its send is issued.
 
     A receive goes before the first block that starts at or after its send time,
     never after the compute op that consumes it, and receives from one peer keep
-    the order of that peer's sends (point-to-point messages match in order).
+    the order of that peer's sends (point-to-point messages match in order). A send up to
+    the time rule's ``slack`` after a block's start counts as before it (DESIGN.md §5).
     """
     incoming: dict[int, list[_Recv]] = {}
     for rank, rank_blocks in blocks.items():
@@ -306,7 +307,9 @@ def _insert_receives(problem: Problem, blocks: dict[int, list[_Block]]) -> None:
         for recv in sorted(recvs, key=lambda r: (r.sender, r.seq)):
             a = recv.action
             limit = consumer[(a.stage, a.kind == "RECV_B", a.microbatch)]
-            at_time = next((i for i, t in enumerate(starts) if t >= recv.time - _TIME_EPS), limit)
+            at_time = next(
+                (i for i, t in enumerate(starts) if counts_before(recv.time, t, slack)), limit
+            )
             pos = max(min(at_time, limit), last_of_sender.get(recv.sender, 0))
             if pos > limit:
                 raise PPOptError(

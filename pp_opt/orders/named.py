@@ -13,6 +13,7 @@ import logging
 import time
 from dataclasses import replace
 
+from pp_opt.arguments import MAX_TIME_LIMIT, a_problem, number, of_type
 from pp_opt.bounds import lower_bound
 from pp_opt.errors import InfeasibleError
 from pp_opt.orders.registry import REGISTRY, get
@@ -81,6 +82,10 @@ def baseline(name: str, problem: Problem, *, time_limit: float | None = None) ->
         microbatch count, say).
     """
     started = time.perf_counter()
+    of_type("name", name, str, "a baseline name (pp_opt.baseline_names())")
+    a_problem(problem)
+    if time_limit is not None:
+        number("time_limit", time_limit, above=0, high=MAX_TIME_LIMIT)
     entry = get(name)
     if time_limit is not None and "deadline" in entry.options:
         order = entry.generator(problem, deadline=started + time_limit)

@@ -13,7 +13,7 @@ import multiprocessing
 import signal
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from pp_opt.errors import ProblemError
 from pp_opt.planner.evaluate import EvaluationTask, Scored, evaluate
@@ -21,6 +21,7 @@ from pp_opt.planner.evaluate import EvaluationTask, Scored, evaluate
 log = logging.getLogger(__name__)
 
 
+@runtime_checkable
 class Executor(Protocol):
     """Runs jobs; :meth:`next_done` returns the next finished one."""
 

@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from pp_opt.arguments import integer, number
+from pp_opt.arguments import MAX_SEED, callback, integer, number, optional
 from pp_opt.errors import ProblemError
 from pp_opt.planner.baselines import baseline_candidates
 from pp_opt.planner.candidates import split_layers
@@ -128,6 +128,11 @@ def plan(
     integer("refine_top", refine_top, low=0, high=100)
     integer("workers", workers, low=1, high=1024)
     integer("threads", threads, low=1, high=1024)
+    integer("seed", seed, low=0, high=MAX_SEED)
+    optional("pins", pins, Pins, "a Pins")
+    optional("ray", ray, str, "'auto' or a Ray address")
+    optional("executor", executor, Executor, "an Executor")
+    callback("progress", progress)
     card = load_model_card(model)
     inputs = PlanInputs(
         model=card, hardware=load_hardware_card(hardware), gpus=gpus,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pp_opt.arguments import integer
+from pp_opt.arguments import check_profile, flag, integer, of_type, optional
 from pp_opt.compat import renamed
 from pp_opt.errors import ProblemError
 from pp_opt.job import Job
@@ -59,6 +59,10 @@ def profile_job(
     ``measuring``: ``repeats``, ``warmup``, ``threads``, ``concurrent`` of a measured profile
     (see :func:`profile_of`).
     """
+    of_type("job", job, Job, "a pp_opt Job")
+    of_type("model", model, (str, Path, ModelCard), "a model card's name or path, or a ModelCard")
+    optional("hardware", hardware, (str, Path, HardwareCard), "a hardware card's name or path")
+    flag("measure", measure)
     card = load_model_card(model)
     hw = load_hardware_card(_default_hardware(hardware, measure))
     profile = profile_analytic(card, hw, job_for_card(card, job))
@@ -131,7 +135,8 @@ def profile_of(
         The tensor-parallel collectives are exposed: added to each layer's F and B when
         ``tp > 1`` (the one cost model of ``profile``, ``solve --model`` and ``plan``).
     """
-    v = renamed("vpp", vpp, "v", v)
+    v = renamed("vpp", None if vpp is None else integer("vpp", vpp, low=1), "v", v)
+    check_profile(measure=measure, layers=layers)
     integer("repeats", repeats, low=1, high=100_000)
     integer("warmup", warmup, low=0, high=100_000)
     if threads is not None:
@@ -184,7 +189,7 @@ def profile_problem(
         The problem the cost profile describes (unit ``bytes``), its provenance in
         ``extra["profile"]``.
     """
-    v = renamed("vpp", vpp, "v", v)
+    v = renamed("vpp", None if vpp is None else integer("vpp", vpp, low=1), "v", v)
     profile = profile_of(
         model=model, hardware=hardware, pp=pp, v=v, placement=placement,
         microbatches=microbatches, mbs=mbs, seq=seq, tp=tp, layers=layers, measure=measure,

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pp_opt.errors import ProblemError
 from pp_opt.job import Job
 from pp_opt.problem import Device, Problem, Stage
 from pp_opt.problem_io import COSTS_FORMAT as FORMAT
@@ -184,6 +185,10 @@ def reload_ms(stage: StageCost, links: LinkCosts) -> float:
 def problem_from_profile(profile: CostProfile) -> Problem:
     """The Problem ``profile`` describes (memory in bytes, times in ms), built directly; its
     provenance goes to ``extra["profile"]`` for the files a schedule is saved in."""
+    if not isinstance(profile, CostProfile):
+        raise ProblemError(
+            "profile", f"got {type(profile).__name__}; give a CostProfile (pp_opt.profile_job)"
+        )
     stages = tuple(
         Stage(
             device=st.device,

@@ -19,6 +19,7 @@ from pp_opt.errors import ProblemError
 from pp_opt.order import Variant
 from pp_opt.problem import Problem
 from pp_opt.schedule import Metrics, Schedule, ScheduledOp
+from pp_opt.time_rule import TIME_TOLERANCE
 from pp_opt.validator.context import Context, make_context
 from pp_opt.validator.memory_check import check_memory
 from pp_opt.validator.offload_checks import check_offload
@@ -40,7 +41,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def validate(schedule: Schedule, *, tol: float = 1e-6) -> list[Violation]:
+def validate(schedule: Schedule, *, tol: float = TIME_TOLERANCE) -> list[Violation]:
     """Every rule the schedule breaks; an empty list means it is valid.
 
     Parameters
@@ -48,9 +49,11 @@ def validate(schedule: Schedule, *, tol: float = 1e-6) -> list[Violation]:
     schedule
         A timed schedule with its problem and stored metrics.
     tol
-        Relative tolerance: times are compared within ``tol * max(1, latest time)``,
-        memory within ``tol * max(1, largest cap)``, so rounding in a solver's
-        times or in a JSON file is not reported but real conflicts are.
+        Relative tolerance (the time rule's 1e-7, DESIGN.md §5, unless given): times are
+        compared within ``tol * max(1, latest time)`` and a free that lands that much
+        after an allocation counts as before it (:mod:`pp_opt.time_rule`); memory within
+        ``tol * max(1, largest cap)``. Rounding in a solver's times is not reported, real
+        conflicts are.
 
     Returns
     -------
@@ -64,9 +67,9 @@ def validate(schedule: Schedule, *, tol: float = 1e-6) -> list[Violation]:
     if not isinstance(schedule, Schedule):
         raise ProblemError("schedule", f"got {type(schedule).__name__}; expected a Schedule")
     if isinstance(tol, bool) or not isinstance(tol, int | float):
-        raise ProblemError("tol", f"got {tol!r}; give a small non-negative number such as 1e-6")
+        raise ProblemError("tol", f"got {tol!r}; give a small non-negative number such as 1e-7")
     if not (math.isfinite(tol) and tol >= 0):
-        raise ProblemError("tol", f"got {tol!r}; give a small non-negative number such as 1e-6")
+        raise ProblemError("tol", f"got {tol!r}; give a small non-negative number such as 1e-7")
     done = _op_checks(schedule, tol)
     violations = [
         *done.violations,
@@ -140,7 +143,7 @@ def _op_checks(schedule: Schedule, tol: float) -> _Checked:
     return done
 
 
-def check_schedule(schedule: Schedule, *, tol: float = 1e-6) -> Schedule:
+def check_schedule(schedule: Schedule, *, tol: float = TIME_TOLERANCE) -> Schedule:
     """The schedule itself when it is valid; raises :class:`ValidationError` otherwise.
 
     Meant for the end of every path that hands a schedule out of the library,

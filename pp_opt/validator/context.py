@@ -12,6 +12,7 @@ from pp_opt.dag import dag_for
 from pp_opt.ops import OpKey, OpKind
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule, ScheduledOp
+from pp_opt.time_rule import time_slack
 
 
 @dataclass(kw_only=True, slots=True)
@@ -32,7 +33,8 @@ class Context:
     recomputed: set[tuple[int, int]]
     """(stage, microbatch) pairs with an ``R`` op: their ``F`` keeps only ``m_in``."""
     time_tol: float
-    """Slack for comparing times: ``tol * max(1, latest time)`` (about the makespan)."""
+    """Slack for comparing times: ``tol * max(1, latest time)``
+    (:func:`pp_opt.time_rule.time_slack`)."""
     memory_tol: float
     """Slack for comparing memory: ``tol * max(1, largest cap)``."""
     tol: float
@@ -61,8 +63,6 @@ def make_context(schedule: Schedule, tol: float) -> Context:
         key = op.key
         if key in dag:
             first.setdefault(key, op)
-    # Rounding grows with the size of the numbers, so the slack follows the largest time.
-    largest_time = max((max(abs(op.start), abs(op.end)) for op in placed), default=0.0)
     largest_cap = max(device.cap for device in problem.devices)
     return Context(
         problem=problem,
@@ -72,7 +72,7 @@ def make_context(schedule: Schedule, tol: float) -> Context:
         by_device=by_device,
         first=first,
         recomputed={(k.stage, k.microbatch) for k in first if k.kind is OpKind.R},
-        time_tol=tol * max(1.0, largest_time),
+        time_tol=time_slack(placed, tol),
         memory_tol=tol * max(1.0, largest_cap),
         tol=tol,
     )

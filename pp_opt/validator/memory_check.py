@@ -2,7 +2,9 @@
 
 The sweep here is the validator's own (it shares nothing with
 :mod:`pp_opt.metrics`); only the memory effect of each op comes from
-:func:`pp_opt.ops.memory_delta`, the one place that defines it.
+:func:`pp_opt.ops.memory_delta`, the one place that defines it, the order of frees
+and allocations from :func:`pp_opt.time_rule.settle_frees`, and the sums from
+:func:`pp_opt.levels.running_levels`.
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from pp_opt.levels import running_levels
 from pp_opt.ops import memory_delta
 from pp_opt.schedule import ScheduledOp
+from pp_opt.time_rule import settle_frees
 from pp_opt.validator.context import Context
 from pp_opt.validator.violation import Violation
 
@@ -25,21 +29,19 @@ class Level:
     op: ScheduledOp
 
 
-def _events(
-    ctx: Context, device: int
-) -> tuple[list[tuple[float, float, int]], list[float], list[float], list[ScheduledOp]]:
-    """The device's allocations ``(time, delta, op index)`` in time order (ties by stage,
-    microbatch, kind), its frees' times and deltas in time order, and its ops."""
+Events = tuple[list[tuple[float, float, int | None]], list[ScheduledOp]]
+
+
+def _events(ctx: Context, device: int) -> Events:
+    """The device's memory events ``(time, delta, op index or None for a free)`` in the
+    order the time rule applies them, and its ops (listed once: two checks use them)."""
     if device not in ctx.memory_events:
         ctx.memory_events[device] = _list_events(ctx, device)
-    found: tuple[list[tuple[float, float, int]], list[float], list[float], list[ScheduledOp]]
-    found = ctx.memory_events[device]
+    found: Events = ctx.memory_events[device]
     return found
 
 
-def _list_events(
-    ctx: Context, device: int
-) -> tuple[list[tuple[float, float, int]], list[float], list[float], list[ScheduledOp]]:
+def _list_events(ctx: Context, device: int) -> Events:
     own = ctx.by_device[device]
     allocations: list[tuple[float, int, int, str, float, int]] = []
     frees: list[tuple[float, float]] = []
@@ -53,41 +55,27 @@ def _list_events(
                 allocations.append((time, op.stage, op.microbatch, op.kind.value, delta, i))
             elif delta < 0:
                 frees.append((time, delta))
-    allocations.sort()
+    allocations.sort()  # ties by stage, microbatch, kind: the op a violation names
     frees.sort()
-    return ([(a[0], a[4], a[5]) for a in allocations], [f[0] for f in frees],
-            [f[1] for f in frees], own)  # fmt: skip
+    events: list[tuple[float, float, int | None]] = [(t, d, None) for t, d in frees]
+    events += [(a[0], a[4], a[5]) for a in allocations]
+    return settle_frees(events, ctx.time_tol), own
 
 
-def _sweep(ctx: Context, device: int, slack: float) -> Iterator[tuple[float, float, ScheduledOp]]:
+def _sweep(ctx: Context, device: int) -> Iterator[tuple[float, float, ScheduledOp]]:
     """``(time, level, op)`` after each allocation on ``device``, in time order."""
-    allocations, free_times, free_deltas, own = _events(ctx, device)
-    level = ctx.problem.devices[device].static
-    next_free, n_frees = 0, len(free_times)
-    for time, delta, i in allocations:
-        while next_free < n_frees and free_times[next_free] <= time + slack:
-            level += free_deltas[next_free]
-            next_free += 1
-        level += delta
-        yield time, level, own[i]
-
-
-def device_levels(ctx: Context, device: int, *, slack: float) -> Iterator[Level]:
-    """The level after each allocation on ``device``, in time order.
-
-    Memory only rises at allocations, so these are the only instants a cap can
-    be broken. Frees up to ``slack`` after an allocation count as before it
-    (at equal times frees happen first; the slack absorbs rounding of times).
-    """
-    for time, level, op in _sweep(ctx, device, slack):
-        yield Level(time=time, level=level, op=op)
+    events, own = _events(ctx, device)
+    levels = running_levels(ctx.problem.devices[device].static, (e[1] for e in events))
+    for (time, _, i), level in zip(events, levels, strict=True):
+        if i is not None:
+            yield time, level, own[i]
 
 
 def peak_levels(ctx: Context) -> list[float]:
-    """Highest static + activation memory of each device (exact times, frees first)."""
+    """Highest static + activation memory of each device (frees as the time rule says)."""
     peaks = []
     for device in range(ctx.problem.p):
-        levels = [level for _, level, _ in _sweep(ctx, device, 0.0)]
+        levels = [level for _, level, _ in _sweep(ctx, device)]
         peaks.append(max([ctx.problem.devices[device].static, *levels]))
     return peaks
 
@@ -99,7 +87,7 @@ def check_memory(ctx: Context) -> list[Violation]:
         cap = ctx.problem.devices[device].cap
         over = [
             Level(time=time, level=level, op=op)
-            for time, level, op in _sweep(ctx, device, ctx.time_tol)
+            for time, level, op in _sweep(ctx, device)
             if level - cap > ctx.memory_tol
         ]
         if not over:
