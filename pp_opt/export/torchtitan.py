@@ -71,9 +71,10 @@ def torchtitan_settings(
         split = split_backward if schedule_csv is not None else fit.split_backward
         if split and not ac_splits:
             raise ProblemError(
-                "activation_checkpoint", f"{activation_checkpoint} activation checkpointing "
-                "cannot run a split backward (torchtitan fails at the first W: 'Trying to "
-                "backward an extra time'); use none or full, or export with --fused-backward"
+                "torchtitan_activation_checkpoint", f"{activation_checkpoint} activation "
+                "checkpointing cannot run a split backward (torchtitan fails at the first W: "
+                "'Trying to backward an extra time'); use none or full, or export with "
+                "--fused-backward"
             )  # fmt: skip
         parallelism["pipeline_parallel_degree"] = pp
         parallelism["pipeline_parallel_schedule"] = name

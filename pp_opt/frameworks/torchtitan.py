@@ -114,7 +114,8 @@ def activation_checkpoint(mode: str) -> tuple[str, bool]:
     """``mode``'s config value and whether a split backward runs with it."""
     if mode not in ACTIVATION_CHECKPOINT:
         raise ProblemError(
-            "activation_checkpoint", f"got {mode!r}; use one of {', '.join(ACTIVATION_CHECKPOINT)}"
+            "torchtitan_activation_checkpoint",
+            f"got {mode!r}; use one of {', '.join(ACTIVATION_CHECKPOINT)}",
         )
     return ACTIVATION_CHECKPOINT[mode]
 
