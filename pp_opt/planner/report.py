@@ -86,6 +86,8 @@ def plan_report(plan: Plan, *, top: int = 10) -> str:
             )
     training = plan.training
     lines += [f"note: {note}" for note in training.get("notes", [])]
+    if "schedule_csv_note" in training:
+        lines.append(f"note: {training['schedule_csv_note']}")
     if "torchtitan" in training:
         titan = training["torchtitan"]
         lines.append(f"torchtitan {titan['version']} flags ({training.get('candidate', '')}): "
