@@ -6,16 +6,36 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 OUT    ?= out
+# torchtitan 0.3.0 for the end-to-end test (pytest -m torchtitan), in its own environment so
+# that its dependencies never touch .venv; torch stays at 2.13.0 there too (constraints).
+TT_VENV ?= .venv-torchtitan
+TT_PIP  := $(TT_VENV)/bin/python -m pip install --quiet -c $(TT_VENV)/constraints.txt
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv torchtitan-venv demo test lint bench clean
 
 venv: $(VENV)/.installed
+
+torchtitan-venv: $(TT_VENV)/.installed
+
+# torchtitan's declared dependencies but wandb (imported only when wandb logging is on), plus
+# triton and rich, which it imports without declaring them.
+$(TT_VENV)/.installed: Makefile
+	$(PYTHON) -m venv $(TT_VENV)
+	echo "torch==2.13.0" > $(TT_VENV)/constraints.txt
+	$(TT_PIP) torch==2.13.0
+	$(TT_PIP) --no-deps torchtitan==0.3.0
+	$(TT_PIP) torchdata torch_checkpointing "datasets>=3.6.0,<4.8.0" "tokenizers>=0.15.0" \
+		safetensors tyro tensorboard einops pillow spmd_types==0.2.3 rich
+	$(TT_PIP) --no-deps triton
+	touch $@
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[dev,plot,torch,ray]'
+	echo "torch==2.13.0" > $(VENV)/constraints.txt
+	$(BIN)/python -m pip install --quiet -c $(VENV)/constraints.txt megatron-core==0.16.1
 	touch $@
 
 demo: venv
@@ -33,7 +53,7 @@ demo: venv
 	$(BIN)/pp-opt validate $(OUT)/plan-best.json
 	@echo "demo outputs in $(OUT)/"
 
-test: venv
+test: venv torchtitan-venv
 	$(BIN)/python -m pytest
 
 lint: venv
@@ -45,4 +65,4 @@ bench: venv
 	$(BIN)/python scripts/bench_solvers.py
 
 clean:
-	rm -rf $(VENV) $(OUT) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TT_VENV) $(OUT) .pytest_cache .mypy_cache .ruff_cache

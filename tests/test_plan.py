@@ -259,12 +259,14 @@ def test_training_settings_name_the_split_and_the_degrees(serial: Plan) -> None:
     settings = training_settings(best, n_layers=6, global_batch=8, schedule_csv="best.csv")
     assert settings["layers"] == list(best.candidate.layers)
     torchtitan = settings["torchtitan"]
-    assert torchtitan["pipeline_parallel_degree"] == best.job.pp
+    assert torchtitan["parallelism"]["pipeline_parallel_degree"] == best.job.pp
+    assert "--parallelism.pipeline_parallel_schedule_csv" in torchtitan["flags"]
     if best.job.placement == "v":
         assert "placement" in settings["megatron_note"]
     else:
         flags = settings["megatron"]
         assert flags[flags.index("--pipeline-model-parallel-size") + 1] == str(best.job.pp)
+    assert serial.training["candidate"] == best.candidate.label()  # plan() fills it
 
 
 def test_a_stop_request_ends_the_plan_with_what_was_solved() -> None:
@@ -289,5 +291,6 @@ def test_training_settings_without_a_csv_name_the_one_to_write(serial: Plan) -> 
     from pp_opt.planner.training import DEFAULT_CSV, training_settings
 
     settings = training_settings(serial.candidates[0], n_layers=6, global_batch=8)
-    assert settings["torchtitan"]["pipeline_parallel_schedule_csv"] == DEFAULT_CSV
+    parallelism = settings["torchtitan"]["parallelism"]
+    assert parallelism["pipeline_parallel_schedule_csv"] == DEFAULT_CSV
     assert "--format torch-csv" in settings["schedule_csv_note"]

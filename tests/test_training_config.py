@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from pp_opt.errors import ProblemError
-from pp_opt.export.training_config import megatron_flags, pipeline_layout, torchtitan_config
+from pp_opt.export.torchtitan import torchtitan_config
+from pp_opt.export.training_config import megatron_flags, pipeline_layout
 
 
 def _megatron(**changes: Any) -> list[str]:
@@ -106,18 +107,20 @@ def test_torchtitan_named_schedule_with_uneven_split() -> None:
     parts = config["module_fqns_per_model_part"]
     assert parts[0] == ["tok_embeddings"] + [f"layers.{i}" for i in range(8)]
     assert parts[1] == [f"layers.{i}" for i in range(8, 17)]
-    assert parts[3] == [f"layers.{i}" for i in range(25, 32)] + ["norm", "output"]
+    assert parts[3] == [f"layers.{i}" for i in range(25, 32)] + ["norm", "lm_head"]
 
 
 def test_torchtitan_csv_on_each_placement() -> None:
     loop = _titan(v=2, layers=[4] * 8, schedule_csv="best.csv", schedule_name=None)
     assert loop["pipeline_parallel_schedule"] == "PipelineScheduleMulti"
+    one = _titan(schedule_csv="best.csv", schedule_name=None)
+    assert one["pipeline_parallel_schedule"] == "PipelineScheduleSingle"
     assert loop["pipeline_parallel_schedule_csv"] == "best.csv"
     # torchtitan places stages V-style only for the V schedules' names.
     v = _titan(v=2, placement="v", layers=[4] * 8, schedule_csv="best.csv", schedule_name=None)
     assert v["pipeline_parallel_schedule"] == "ZBVZeroBubble"
     assert len(v["module_fqns_per_model_part"]) == 8
-    assert v["module_fqns_per_model_part"][7][-2:] == ["norm", "output"]
+    assert v["module_fqns_per_model_part"][7][-2:] == ["norm", "lm_head"]
     named = _titan(v=2, placement="v", layers=[4] * 8, schedule_name="DualPipeV")
     assert named["pipeline_parallel_schedule"] == "DualPipeV"
 
@@ -138,6 +141,9 @@ def test_torchtitan_csv_on_each_placement() -> None:
         (dict(n_layers=31), "layers"),
         (dict(mbs=0), "mbs"),
         (dict(schedule_csv=" "), "schedule_csv"),
+        (dict(schedule_csv="best.csv", schedule_name="_PipelineScheduleRuntime"), "schedule_name"),
+        (dict(schedule_name="PipelineScheduleMulti"), "schedule_name"),  # needs a CSV
+        (dict(version="0.2"), "torchtitan"),
     ],
 )
 def test_torchtitan_bad_input_names_the_field(changes: dict[str, Any], field: str) -> None:

@@ -10,6 +10,11 @@ from pp_opt.schedule import Schedule
 
 FLAGS = {
     "activation_checkpoint": "--recompute",
+    "torchtitan": "--torchtitan",
+    "torchtitan_activation_checkpoint": "--activation-checkpoint",
+    "torchtitan_base": "--torchtitan-base",
+    "torchtitan_config": "--torchtitan-config",
+    "fused_backward": "--fused-backward",
     "bytes_per_param": "--bytes-per-param",
     "cap": "--cap",
     "drop_offload": "--drop-offload",

@@ -47,7 +47,7 @@ _DEFAULT_SUFFIX = {
     "svg": ".svg",
 }
 _OPTIONS = {
-    "torch-csv": ("drop_offload",),
+    "torch-csv": ("drop_offload", "fused_backward"),
     "torch-csv-comms": ("drop_offload",),
     "trace": ("time_unit_us",),
     "png": ("dpi",),
@@ -78,7 +78,8 @@ def export(
         violation, and nothing is written.
     **options
         ``drop_offload`` (CSV: write the compute order of an offload schedule, without
-        its copies), ``time_unit_us`` (trace: microseconds per problem time unit),
+        its copies), ``fused_backward`` (torch-csv: each ``I`` and its ``W`` as one ``B`` at
+        the ``I``'s place), ``time_unit_us`` (trace: microseconds per problem time unit),
         ``dpi`` (pictures).
 
     Returns

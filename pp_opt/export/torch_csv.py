@@ -56,7 +56,11 @@ class TorchAction(NamedTuple):
 
 
 def torch_csv_rows(
-    schedule: Schedule, *, format: str = "compute_only", drop_offload: bool = False
+    schedule: Schedule,
+    *,
+    format: str = "compute_only",
+    drop_offload: bool = False,
+    fused_backward: bool = False,
 ) -> list[list[str]]:
     """The CSV cells, one list per rank.
 
@@ -70,12 +74,33 @@ def torch_csv_rows(
         A schedule with ``OFFLOAD``/``RELOAD`` ops cannot run on plain PyTorch:
         by default this raises; ``True`` writes its compute order without them
         (the activations then stay on the GPU) and logs a warning.
+    fused_backward
+        Write each microbatch's ``I`` and ``W`` as one ``B`` at the ``I``'s place, in the
+        same order (``compute_only`` only): for a job whose activation checkpointing cannot
+        run a split backward. :func:`pp_opt.export.fused.fused_backward_schedule` times it.
     """
-    if not isinstance(drop_offload, bool):
-        raise ProblemError("drop_offload", f"got {drop_offload!r}; expected True or False")
+    for name, value in (("drop_offload", drop_offload), ("fused_backward", fused_backward)):
+        if not isinstance(value, bool):
+            raise ProblemError(name, f"got {value!r}; expected True or False")
+    if fused_backward and format != "compute_only":
+        raise ProblemError(
+            "fused_backward", "only the compute_only format (torch-csv) fuses the backward; "
+            "PyTorch adds the communication of a fused B itself"
+        )  # fmt: skip
     _refuse_offload(schedule, drop_offload)
     actions = torch_actions(schedule, format=format, with_offload=False)
+    if fused_backward:
+        actions = {rank: fuse_backward(row) for rank, row in actions.items()}
     return [[str(a) for a in actions[rank]] for rank in range(schedule.problem.p)]
+
+
+def fuse_backward(actions: list[TorchAction]) -> list[TorchAction]:
+    """``I`` becomes a fused ``B`` where it stands; its ``W`` is dropped."""
+    return [
+        TorchAction(a.stage, "B", a.microbatch) if a.kind == "I" else a
+        for a in actions
+        if a.kind != "W"
+    ]
 
 
 def write_torch_csv(
@@ -84,6 +109,7 @@ def write_torch_csv(
     *,
     format: str = "compute_only",
     drop_offload: bool = False,
+    fused_backward: bool = False,
     force: bool = False,
 ) -> None:
     """Write :func:`torch_csv_rows` to ``path`` for ``_PipelineScheduleRuntime._load_csv``.
@@ -97,7 +123,9 @@ def write_torch_csv(
     from pp_opt.validator import require_valid
 
     require_valid(schedule, force=force, action="export")
-    rows = torch_csv_rows(schedule, format=format, drop_offload=drop_offload)
+    rows = torch_csv_rows(
+        schedule, format=format, drop_offload=drop_offload, fused_backward=fused_backward
+    )
     with atomic_write(path, newline="", field="path") as f:
         csv.writer(f).writerows(rows)
 

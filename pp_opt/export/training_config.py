@@ -5,10 +5,9 @@ chunks per device on the ``loop`` or ``v`` placement, and ``layers``, the decode
 of each stage in stage order (``len(layers) == pp * v``), with the embedding on stage 0
 and the final norm and output layer on the last stage.
 
-- :func:`torchtitan_config`: the ``[parallelism]`` keys of torchtitan's job config, with
-  the split given exactly as ``module_fqns_per_model_part`` (one list of module names per
-  stage: ``tok_embeddings``, ``layers.<i>``, ``norm``, ``output``, as torchtitan's Llama
-  names them), and the schedule as a PyTorch name or a pp_opt torch-csv file.
+- torchtitan: :mod:`pp_opt.export.torchtitan` (``torchtitan_config``: the ``parallelism``
+  fields, the split given exactly as ``module_fqns_per_model_part``; the whole job as
+  flags or a config file), on the pipeline shape checked here (:func:`check_shape`).
 - :func:`megatron_flags`: the command-line flags of Megatron-LM's ``pretrain_gpt.py``; an
   even split is ``--num-layers-per-virtual-pipeline-stage`` (with ``v > 1``), a split
   that differs only on the first and last stage is
@@ -24,22 +23,8 @@ the argument.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from pp_opt.errors import ProblemError
-
-V_SCHEDULES = frozenset({"ZBVZeroBubble", "DualPipeV"})
-"""PyTorch schedules torchtitan runs on the ``v`` placement (it places stages by name)."""
-ONE_CHUNK_SCHEDULES = frozenset({"GPipe", "1F1B"})
-"""PyTorch schedules with one stage per device."""
-LOOP_SCHEDULES = frozenset({"Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble"})
-"""PyTorch schedules with any number of stages per device on the ``loop`` placement."""
-CSV_SCHEDULE = "PipelineScheduleMulti"
-"""The name torchtitan takes with a schedule CSV on the ``loop`` placement."""
-CSV_SCHEDULES = frozenset(
-    {"PipelineScheduleSingle", "PipelineScheduleMulti", "_PipelineScheduleRuntime"}
-)
-"""The other names torchtitan's documentation gives for a schedule CSV (``loop`` only)."""
 
 _RECOMPUTE_FLAGS = ("--recompute-granularity", "full", "--recompute-method", "uniform",
                     "--recompute-num-layers", "1")  # fmt: skip
@@ -48,19 +33,19 @@ _RECOMPUTE_FLAGS = ("--recompute-granularity", "full", "--recompute-method", "un
 # ---------------------------------------------------------------- checks
 
 
-def _positive(field: str, value: object) -> int:
+def positive_int(field: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ProblemError(field, f"got {value!r}; give an integer >= 1")
     return value
 
 
-def _check_shape(
+def check_shape(
     *, pp: int, v: int, placement: str, layers: Sequence[int], n_layers: int
 ) -> list[int]:
     """The checked split: ``pp * v`` non-negative counts summing to ``n_layers``."""
-    _positive("pp", pp)
-    _positive("v", v)
-    _positive("n_layers", n_layers)
+    positive_int("pp", pp)
+    positive_int("v", v)
+    positive_int("n_layers", n_layers)
     if placement not in ("loop", "v"):
         raise ProblemError("placement", f"got {placement!r}; use 'loop' or 'v'")
     if placement == "v" and v != 2:
@@ -96,8 +81,8 @@ def torchtitan_default_layers(
     ``n_layers + input_weight + output_weight`` units are spread evenly, the remainder to
     the first stages. 32 layers on 4 stages: ``[8, 9, 8, 7]``.
     """
-    _positive("n_layers", n_layers)
-    _positive("stages", stages)
+    positive_int("n_layers", n_layers)
+    positive_int("stages", stages)
     if stages == 1:
         return [n_layers]
     units = n_layers + input_weight + output_weight
@@ -115,120 +100,14 @@ def torchtitan_default_layers(
 
 def megatron_default_layers(n_layers: int, stages: int) -> list[int]:
     """Megatron-LM's split without split flags: the same number of layers on every stage."""
-    _positive("n_layers", n_layers)
-    _positive("stages", stages)
+    positive_int("n_layers", n_layers)
+    positive_int("stages", stages)
     if n_layers % stages:
         raise ProblemError(
             "stages", f"Megatron-LM splits {n_layers} layers evenly only over a divisor of "
             f"{n_layers}, not {stages} stages; give the split (first/last flags or a layout)"
         )  # fmt: skip
     return [n_layers // stages] * stages
-
-
-# ---------------------------------------------------------------- torchtitan
-
-
-def module_fqns(layers: Sequence[int]) -> list[list[str]]:
-    """torchtitan's ``module_fqns_per_model_part``: each stage's Llama module names."""
-    parts: list[list[str]] = []
-    first = 0
-    for count in layers:
-        parts.append([f"layers.{i}" for i in range(first, first + count)])
-        first += count
-    parts[0].insert(0, "tok_embeddings")
-    parts[-1] += ["norm", "output"]
-    return parts
-
-
-def _torchtitan_schedule(
-    *, pp: int, v: int, placement: str, schedule_csv: str | None, schedule_name: str | None
-) -> str:
-    """``pipeline_parallel_schedule``: the name torchtitan builds (or places stages by)."""
-    if schedule_name is None:
-        if schedule_csv is None:
-            raise ProblemError(
-                "schedule_name", "give a PyTorch schedule name or a schedule_csv file"
-            )
-        # With a CSV torchtitan runs _PipelineScheduleRuntime; the name only decides how
-        # it places stages on ranks: V-style for the V schedules, loop otherwise.
-        return "ZBVZeroBubble" if placement == "v" else CSV_SCHEDULE
-    known = V_SCHEDULES | ONE_CHUNK_SCHEDULES | LOOP_SCHEDULES
-    if schedule_csv is not None:
-        known |= CSV_SCHEDULES
-    if schedule_name not in known:
-        names = ", ".join(sorted(known))
-        raise ProblemError("schedule_name", f"unknown {schedule_name!r}; use one of {names}")
-    if (placement == "v") != (schedule_name in V_SCHEDULES):
-        raise ProblemError(
-            "schedule_name",
-            f"torchtitan places stages V-style only for ZBVZeroBubble and DualPipeV; "
-            f"{schedule_name!r} does not fit placement {placement!r}: "
-            + ("use ZBVZeroBubble or DualPipeV" if placement == "v" else "use a loop schedule"),
-        )
-    if schedule_name in ONE_CHUNK_SCHEDULES | {"PipelineScheduleSingle"} and v != 1:
-        raise ProblemError(
-            "schedule_name", f"{schedule_name} runs one stage per device, not v = {v}; "
-            "use Interleaved1F1B, LoopedBFS or InterleavedZeroBubble"
-        )  # fmt: skip
-    return schedule_name
-
-
-def torchtitan_config(
-    *,
-    pp: int,
-    v: int,
-    placement: str,
-    mbs: int,
-    layers: Sequence[int],
-    n_layers: int,
-    schedule_csv: str | None,
-    schedule_name: str | None,
-) -> dict[str, Any]:
-    """The ``[parallelism]`` keys of a torchtitan job config for this pipeline.
-
-    Parameters
-    ----------
-    pp, v, placement
-        Devices, chunks per device and the stage-to-device map (``loop`` or ``v``).
-    mbs
-        Sequences per microbatch (``pipeline_parallel_microbatch_size``).
-    layers, n_layers
-        Decoder layers per stage in stage order, and the model's total.
-    schedule_csv
-        Path of a schedule exported with ``pp-opt export --format torch-csv``: torchtitan
-        then runs it with ``_PipelineScheduleRuntime``. None for a PyTorch schedule.
-    schedule_name
-        A PyTorch schedule name (``GPipe``, ``1F1B``, ``Interleaved1F1B``, ``LoopedBFS``,
-        ``InterleavedZeroBubble``, ``ZBVZeroBubble``, ``DualPipeV``); with a CSV it may be
-        None (``PipelineScheduleMulti`` on ``loop``, ``ZBVZeroBubble`` on ``v``, the names
-        that make torchtitan place the stages as the CSV expects).
-
-    Returns
-    -------
-    dict
-        ``pipeline_parallel_degree``, ``pipeline_parallel_schedule``,
-        ``pipeline_parallel_schedule_csv`` (only with a CSV),
-        ``pipeline_parallel_microbatch_size`` and ``module_fqns_per_model_part``.
-    """
-    counts = _check_shape(pp=pp, v=v, placement=placement, layers=layers, n_layers=n_layers)
-    _positive("mbs", mbs)
-    if schedule_csv is not None and not str(schedule_csv).strip():
-        raise ProblemError("schedule_csv", "empty path; give the CSV file or None")
-    config: dict[str, Any] = {
-        "pipeline_parallel_degree": pp,
-        "pipeline_parallel_schedule": _torchtitan_schedule(
-            pp=pp,
-            v=v,
-            placement=placement,
-            schedule_csv=schedule_csv,
-            schedule_name=schedule_name,
-        ),  # fmt: skip
-    }
-    if schedule_csv is not None:
-        config["pipeline_parallel_schedule_csv"] = str(schedule_csv)
-    config["pipeline_parallel_microbatch_size"] = mbs
-    config["module_fqns_per_model_part"] = module_fqns(counts)
-    return config
 
 
 # ---------------------------------------------------------------- Megatron-LM
@@ -299,10 +178,10 @@ def megatron_flags(
     list[str]
         Flags and values, in the order Megatron-LM's help lists them by group.
     """
-    counts = _check_shape(pp=pp, v=v, placement=placement, layers=layers, n_layers=n_layers)
-    _positive("tp", tp)
-    _positive("mbs", mbs)
-    _positive("global_batch", global_batch)
+    counts = check_shape(pp=pp, v=v, placement=placement, layers=layers, n_layers=n_layers)
+    positive_int("tp", tp)
+    positive_int("mbs", mbs)
+    positive_int("global_batch", global_batch)
     if placement != "loop":
         raise ProblemError(
             "placement",

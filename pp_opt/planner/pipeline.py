@@ -168,13 +168,20 @@ def plan(
         if owned:
             runner.close()
     ranked = sorted((s for s in found.scored if s.ok), key=Scored.sort_key)
-    return Plan(
+    result = Plan(
         inputs=inputs, pins=pins, candidates=ranked,
         failed=[s for s in found.scored if not s.ok], baselines=defaults, pruned=found.pruned,
         skipped=enumeration.skipped, configurations=len(enumeration.configs),
         seconds=time.perf_counter() - started, time_limit=time_limit,
         executor=type(runner).__name__ if not owned else _executor_name(workers, ray),
     )  # fmt: skip
+    from pp_opt.planner.training import plan_training
+
+    try:  # torchtitan 0.3, no activation checkpointing (plan_training takes others)
+        result.training = plan_training(result).settings
+    except ProblemError as err:  # the ranking stands without them
+        result.training = {"notes": [f"no training settings: {err}"]}
+    return result
 
 
 def _executor_name(workers: int, ray: str | None) -> str:

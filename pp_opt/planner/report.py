@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 
 from pp_opt.planner.evaluate import SOLVED, Scored
@@ -84,11 +85,15 @@ def plan_report(plan: Plan, *, top: int = 10) -> str:
                 f"{title}: " + "; ".join(f"{n} {why}" for why, n in sorted(counts.items()))
             )
     training = plan.training
+    lines += [f"note: {note}" for note in training.get("notes", [])]
+    if "schedule_csv_note" in training:
+        lines.append(f"note: {training['schedule_csv_note']}")
     if "torchtitan" in training:
-        keys = ", ".join(f"{k} = {v!r}" for k, v in training["torchtitan"].items())
-        lines.append(f"torchtitan [parallelism]: {keys}")
+        titan = training["torchtitan"]
+        lines.append(f"torchtitan {titan['version']} flags ({training.get('candidate', '')}): "
+                     + shlex.join(titan["flags"]))  # fmt: skip
     if "megatron" in training:
-        lines.append("Megatron-LM: " + " ".join(training["megatron"]))
-    if "note" in training:
-        lines.append(f"note: {training['note']}")
+        lines.append("Megatron-LM: " + shlex.join(training["megatron"]))
+    if "megatron_note" in training:
+        lines.append(f"Megatron-LM: {training['megatron_note']}")
     return "\n".join(lines)

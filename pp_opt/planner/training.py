@@ -1,15 +1,28 @@
-"""Settings a training job can paste for the best candidate: torchtitan's ``[parallelism]``
-keys and Megatron-LM's flags (:mod:`pp_opt.export.training_config`), next to the torch-csv
-of its schedule."""
+"""Settings a training job can paste for a plan: torchtitan's fields and flags
+(:mod:`pp_opt.export.torchtitan`) and Megatron-LM's flags
+(:mod:`pp_opt.export.training_config`), next to the torch-csv of the schedule.
+
+:func:`plan_training` makes the choices a plan's best candidate leaves open for torchtitan:
+its CSV has no offload, reload or recompute action, so a best plan that offloads or
+recomputes is named with the best plan without them, whose settings follow; and an
+activation checkpointing mode that cannot run a split backward gets the fused-backward
+CSV, re-timed to say what it costs.
+"""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from pp_opt.errors import ProblemError
-from pp_opt.export.training_config import megatron_flags, torchtitan_config
+from pp_opt.export.torchtitan import torchtitan_flags, torchtitan_settings
+from pp_opt.export.training_config import megatron_flags
+from pp_opt.frameworks import torchtitan as titan
+from pp_opt.ops import OpKind
 from pp_opt.planner.evaluate import Scored
+from pp_opt.planner.result import Plan
+from pp_opt.schedule import Schedule
 
 log = logging.getLogger(__name__)
 
@@ -19,26 +32,36 @@ DEFAULT_CSV = "schedule.csv"
 
 
 def training_settings(
-    best: Scored, *, n_layers: int, global_batch: int, schedule_csv: str | None = None
+    best: Scored,
+    *,
+    n_layers: int,
+    global_batch: int,
+    seq: int | None = None,
+    schedule_csv: str | None = None,
+    split_backward: bool = False,
+    activation_checkpoint: str = "none",
+    torchtitan: str = titan.DEFAULT_RELEASE,
 ) -> dict[str, Any]:
-    """torchtitan keys and Megatron-LM flags of ``best`` (a note instead of the flags where
-    Megatron-LM cannot express the configuration, e.g. the V placement)."""
+    """torchtitan fields and flags and Megatron-LM flags of ``best`` (a note instead of the
+    Megatron-LM flags where it cannot express the configuration, e.g. the V placement)."""
     c = best.candidate.job
     layers = list(best.candidate.layers)
-    if schedule_csv is None:  # the keys still name the CSV a job needs; say how to make it
-        schedule_csv = DEFAULT_CSV
-        note = (
-            f"write {DEFAULT_CSV} with: pp-opt export best.json --format torch-csv -o {DEFAULT_CSV}"
-        )
-    else:
-        note = ""
-    out: dict[str, Any] = {"layers": layers, "schedule_csv": schedule_csv}
-    if note:
-        out["schedule_csv_note"] = note
-    out["torchtitan"] = torchtitan_config(
+    out: dict[str, Any] = {"layers": layers}
+    if c.pp > 1:
+        if schedule_csv is None:  # the keys still name the CSV a job needs; say how to make it
+            schedule_csv = DEFAULT_CSV
+            out["schedule_csv_note"] = (
+                f"write {DEFAULT_CSV} with: pp-opt export best.json --format torch-csv -o "
+                f"{DEFAULT_CSV}" + (" --fused-backward" if not split_backward else "")
+            )  # fmt: skip
+        out["schedule_csv"] = schedule_csv
+    settings = torchtitan_settings(
         pp=c.pp, v=c.v, placement=c.placement, mbs=c.mbs, layers=layers, n_layers=n_layers,
-        schedule_csv=schedule_csv, schedule_name=None,
+        schedule_csv=schedule_csv if c.pp > 1 else None, tp=c.tp, dp=c.dp, seq=seq,
+        global_batch=global_batch, split_backward=split_backward,
+        activation_checkpoint=activation_checkpoint, version=torchtitan,
     )  # fmt: skip
+    out["torchtitan"] = {**settings, "flags": torchtitan_flags(settings)}
     try:
         out["megatron"] = megatron_flags(
             tp=c.tp, pp=c.pp, v=c.v, placement=c.placement, mbs=c.mbs, layers=layers,
@@ -47,3 +70,114 @@ def training_settings(
     except ProblemError as err:  # Megatron-LM has no V placement
         out["megatron_note"] = str(err)
     return out
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class TorchtitanChoice:
+    """What a plan gives torchtitan: the candidate, its schedule and how to export it."""
+
+    scored: Scored | None
+    """The best candidate torchtitan can run (None: none can)."""
+    schedule: Schedule | None
+    """Its schedule (split backward as solved)."""
+    fused_backward: bool
+    """Export its CSV with ``--fused-backward``."""
+    settings: dict[str, Any]
+    """The training settings (``Plan.training``)."""
+
+
+def _unrunnable(schedule: Schedule) -> str:
+    """Why torchtitan cannot run ``schedule`` ('' when it can)."""
+    offloads = sum(op.kind is OpKind.OFFLOAD for op in schedule.ops)
+    recomputes = sum(op.kind is OpKind.R for op in schedule.ops)
+    parts = [f"offloads {offloads} activations"] * bool(offloads)
+    parts += [f"recomputes {recomputes} forwards"] * bool(recomputes)
+    return " and ".join(parts)
+
+
+def plan_training(
+    plan: Plan,
+    *,
+    schedule_csv: str | None = None,
+    activation_checkpoint: str = "none",
+    torchtitan: str = titan.DEFAULT_RELEASE,
+) -> TorchtitanChoice:
+    """The settings of the best candidate torchtitan can run, with notes on the choices."""
+    from pp_opt.schedule_io import schedule_from_dict
+
+    titan.release(torchtitan)
+    _, splits = titan.activation_checkpoint(activation_checkpoint)
+    best = plan.best
+    if best is None:
+        return TorchtitanChoice(scored=None, schedule=None, fused_backward=False, settings={})
+    notes: list[str] = []
+    chosen: Scored | None = None
+    schedule: Schedule | None = None
+    for scored in plan.candidates:
+        if scored.schedule is None:
+            continue
+        candidate_schedule = schedule_from_dict(scored.schedule)
+        why = _unrunnable(candidate_schedule)
+        if not why:
+            chosen, schedule = scored, candidate_schedule
+            break
+        if scored is best:
+            notes.append(
+                f"the best plan ({best.candidate.label()}, {best.step_time:.1f} ms) "
+                f"{why}: torchtitan's CSV has no offload, reload or recompute action, so its "
+                "schedule is for pp_opt's own runtime (pp_opt.runtime; --schedule writes it)"
+            )  # fmt: skip
+    if chosen is None or schedule is None:
+        notes.append("no ranked plan runs without offload or recompute: no torchtitan settings")
+        return TorchtitanChoice(scored=None, schedule=None, fused_backward=False,
+                                settings={"notes": notes})  # fmt: skip
+    if chosen is not best:
+        extra = (chosen.step_time or 0.0) - (best.step_time or 0.0)
+        notes.append(
+            f"the best plan without offload or recompute: {chosen.candidate.label()}, "
+            f"{chosen.step_time:.1f} ms (+{extra:.1f} ms); the torchtitan settings are for it"
+        )  # fmt: skip
+    if activation_checkpoint != "none":
+        notes.append(
+            f"pp_opt's costs keep every activation: the recompute that {activation_checkpoint} "
+            "activation checkpointing adds to torchtitan's backward is not in them"
+        )  # fmt: skip
+    split = any(op.kind is OpKind.W for op in schedule.ops)
+    fused = split and not splits
+    fused_info: dict[str, Any] = {}
+    if fused:
+        fused_info = _fused_note(chosen, schedule, activation_checkpoint, notes)
+    inputs = plan.inputs
+    settings = training_settings(
+        chosen, n_layers=inputs.model.layers, global_batch=inputs.global_batch, seq=inputs.seq,
+        schedule_csv=schedule_csv, split_backward=split and not fused,
+        activation_checkpoint=activation_checkpoint, torchtitan=torchtitan,
+    )  # fmt: skip
+    settings["candidate"] = chosen.candidate.label()
+    settings["backward"] = "fused" if fused else "split" if split else "fused (as solved)"
+    if fused_info:
+        settings["fused_backward"] = fused_info
+    if notes:
+        settings["notes"] = notes
+    return TorchtitanChoice(scored=chosen, schedule=schedule, fused_backward=fused,
+                            settings=settings)  # fmt: skip
+
+
+def _fused_note(chosen: Scored, schedule: Schedule, mode: str, notes: list[str]) -> dict[str, Any]:
+    """Re-time the fused order; say why it was chosen and what it costs."""
+    from pp_opt.export.fused import fused_backward_schedule
+
+    cost = fused_backward_schedule(schedule)
+    step = chosen.step_time or 0.0
+    fused_step = step + cost.added
+    text = (
+        f"{mode} activation checkpointing cannot run a split backward (I then W), so the CSV "
+        f"fuses each I and its W into one B at the I's place (--fused-backward): predicted "
+        f"step {fused_step:.1f} ms against {step:.1f} ms split (+{cost.added:.1f} ms, "
+        f"+{cost.added / step if step else 0.0:.1%})"
+    )  # fmt: skip
+    if cost.violations:
+        text += f"; the fused order breaks {len(cost.violations)} rule(s): {cost.violations[0]}"
+    notes.append(text)
+    return {"step_time": fused_step, "split_step_time": step, "added_ms": cost.added,
+            "violations": list(cost.violations)}  # fmt: skip

@@ -1,7 +1,8 @@
 """Every schedule PyTorch ships, as op orders under PyTorch's own class names.
 
 The names are those ``torch.distributed.pipelining.schedules.get_schedule_class`` takes
-(``ScheduleGPipe`` is ``GPipe``, and so on); each generator returns, per device, the
+(``ScheduleGPipe`` is ``GPipe``, and so on; the catalogue, with the placement each name
+implies, is :mod:`pp_opt.frameworks.pytorch`); each generator returns, per device, the
 compute actions PyTorch's schedule runs on that rank, in PyTorch's order
 (``_get_pipeline_order`` / ``_calculate_single_rank_operations`` of torch 2.13), with
 PyTorch's checks on the problem raised as :class:`~pp_opt.errors.ProblemError`.
@@ -35,6 +36,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from pp_opt.errors import ProblemError
+from pp_opt.frameworks.pytorch import PYTORCH_SCHEDULES, SCHEDULE_NAMES
 from pp_opt.ops import OpKey, OpKind
 from pp_opt.order import Order
 from pp_opt.orders.common import (
@@ -50,16 +52,7 @@ from pp_opt.problem import Problem
 
 F, B, W, BW = OpKind.F, OpKind.B, OpKind.W, OpKind.BW
 
-PYTORCH_SCHEDULES = (
-    "GPipe",
-    "1F1B",
-    "Interleaved1F1B",
-    "LoopedBFS",
-    "InterleavedZeroBubble",
-    "ZBVZeroBubble",
-    "DualPipeV",
-)
-"""PyTorch's schedule names (``get_schedule_class``), in the order they are listed."""
+__all__ = ["DESCRIPTIONS", "GENERATORS", "PYTORCH_SCHEDULES"]
 
 
 # ---------------------------------------------------------------- one chunk per device
@@ -86,7 +79,7 @@ def pytorch_1f1b(problem: Problem) -> Order:
 
 def _loop(problem: Problem, name: str) -> Problem:
     """The problem on the ``loop`` placement with its own chunk count."""
-    return with_placement(problem, name, "loop", problem.v)
+    return with_placement(problem, name, SCHEDULE_NAMES[name].placement, problem.v)
 
 
 def microbatches_per_round(p: int, m: int, name: str) -> int:
@@ -256,7 +249,7 @@ def dual_pipe_v_rank(rank: int, p: int, m: int) -> list[OpKey]:
 def pytorch_dual_pipe_v(problem: Problem) -> Order:
     """``ScheduleDualPipeV`` on the ``v`` placement, its overlapped pairs run in sequence."""
     require_split_backward(problem, "DualPipeV")
-    problem = with_placement(problem, "DualPipeV", "v", 2)
+    problem = with_placement(problem, "DualPipeV", SCHEDULE_NAMES["DualPipeV"].placement, 2)
     p, m = problem.p, problem.m
     if m < 2 * p:
         raise ProblemError(

@@ -1,0 +1,70 @@
+"""The Megatron-LM flags pp_opt prints, and where each one lands.
+
+Checked against Megatron-LM ``core_v0.16.1`` (2026-03-16) and the ``megatron-core`` 0.16.1
+wheel. ``megatron-core`` carries the config dataclasses, not the training script's argument
+parser: ``megatron/training/arguments.py`` builds most flags from the dataclass fields
+(``ArgumentGroupFactory(TransformerConfig)``, line 1621: field ``x_y`` is flag ``--x-y``)
+and copies every argument named like a field into ``TransformerConfig``
+(``core_transformer_config_from_args``, lines 1320-1322). The flags it declares itself are
+listed with the line that declares them and the field they end in, if any.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RELEASE = "Megatron-LM core_v0.16.1"
+"""What the facts were checked against."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class MegatronFlag:
+    """One flag of ``pretrain_gpt.py``."""
+
+    flag: str
+    """The flag."""
+    config: str
+    """``ModelParallelConfig`` or ``TransformerConfig`` (megatron-core), or ``''``."""
+    field: str
+    """The field of ``config`` the flag sets (``''`` when it sets none)."""
+    declared: str
+    """``''`` when the flag is generated from ``config.field``; otherwise where the training
+    script declares it (file:line in :data:`RELEASE`) and how it reaches the field."""
+
+
+MEGATRON_FLAGS: dict[str, MegatronFlag] = {
+    f.flag: f
+    for f in (
+        MegatronFlag(flag="--tensor-model-parallel-size", config="ModelParallelConfig",
+                     field="tensor_model_parallel_size", declared=""),
+        MegatronFlag(flag="--pipeline-model-parallel-size", config="ModelParallelConfig",
+                     field="pipeline_model_parallel_size", declared=""),
+        MegatronFlag(flag="--num-layers", config="TransformerConfig", field="num_layers",
+                     declared=""),
+        MegatronFlag(flag="--pipeline-model-parallel-layout", config="TransformerConfig",
+                     field="pipeline_model_parallel_layout", declared=""),
+        MegatronFlag(flag="--recompute-granularity", config="TransformerConfig",
+                     field="recompute_granularity", declared=""),
+        MegatronFlag(flag="--recompute-method", config="TransformerConfig",
+                     field="recompute_method", declared=""),
+        MegatronFlag(flag="--recompute-num-layers", config="TransformerConfig",
+                     field="recompute_num_layers", declared=""),
+        MegatronFlag(flag="--decoder-first-pipeline-num-layers", config="TransformerConfig",
+                     field="num_layers_in_first_pipeline_stage",
+                     declared="megatron/training/arguments.py:2209, copied at line 1329"),
+        MegatronFlag(flag="--decoder-last-pipeline-num-layers", config="TransformerConfig",
+                     field="num_layers_in_last_pipeline_stage",
+                     declared="megatron/training/arguments.py:2213, copied at line 1330"),
+        MegatronFlag(flag="--num-layers-per-virtual-pipeline-stage",
+                     config="ModelParallelConfig", field="virtual_pipeline_model_parallel_size",
+                     declared="megatron/training/arguments.py:2228, turned into the virtual "
+                     "stage count at line 549"),
+        MegatronFlag(flag="--micro-batch-size", config="", field="",
+                     declared="megatron/training/training_config.py:10 (TrainingConfig, "
+                     "flags built at arguments.py:2003)"),
+        MegatronFlag(flag="--global-batch-size", config="", field="",
+                     declared="megatron/training/training_config.py:14 (TrainingConfig, "
+                     "flags built at arguments.py:2003)"),
+    )
+}  # fmt: skip
+"""Every flag :func:`pp_opt.export.training_config.megatron_flags` prints."""

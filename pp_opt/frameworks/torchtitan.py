@@ -1,0 +1,132 @@
+"""torchtitan's config keys, module names and required settings, keyed by release.
+
+``0.3`` was checked against the torchtitan 0.3.0 wheel (2026-09-03): ``config/configs.py``
+(``TrainingConfig``, ``ParallelismConfig``), ``distributed/pipeline_parallel.py``
+(``_generate_llm_fqn_per_model_part``, ``_build_pipeline_schedule``),
+``models/common/decoder.py`` (``tok_embeddings``, ``layers``, ``norm``, ``lm_head``),
+``models/llama3/config_registry.py`` and ``distributed/activation_checkpoint.py``.
+``next`` is torchtitan's main branch at b5bcd76c (2026-08-21), which renamed the batch
+keys to token counts and the microbatch key to ``num_pp_microbatches`` (2026-08-20).
+
+0.3.0 has no TOML job files: a job is a Python function returning ``Trainer.Config``,
+chosen with ``--module MODULE --config FUNCTION`` and overridden with ``--SECTION.KEY``
+flags; the activation checkpointing policy is a subcommand
+(``activation-checkpoint:none``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pp_opt.errors import ProblemError
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class TorchtitanRelease:
+    """What one torchtitan release reads."""
+
+    version: str
+    """The release line (``0.3``) or ``next``."""
+    checked: str
+    """The source the facts were checked against."""
+    embedding: str
+    """Module name of the token embedding (on the first stage)."""
+    layer_prefix: str
+    """Decoder layers are ``{layer_prefix}.{i}``."""
+    final_modules: tuple[str, ...]
+    """Modules after the last layer (on the last stage), in order."""
+    microbatch_key: str
+    """``parallelism`` key of the microbatches: a size (0.3) or a count (next)."""
+    microbatch_is_count: bool
+    """``microbatch_key`` takes the number of microbatches, not their size."""
+    batch_in_tokens: bool
+    """Batch keys are token counts (next) rather than sequences (0.3)."""
+    local_batch_key: str
+    """``training`` key of one data-parallel rank's batch per step (pipeline: all its
+    microbatches; no pipeline: one microbatch)."""
+    global_batch_key: str
+    """``training`` key of the global batch."""
+    seq_key: str
+    """``training`` key of the sequence length."""
+    cuda_graphs_key: str = "disable_cuda_graphs"
+    """``training`` key that must be True for every pipeline job (0.3.0 refuses PP with
+    CUDA graphs)."""
+
+
+RELEASES: dict[str, TorchtitanRelease] = {
+    "0.3": TorchtitanRelease(
+        version="0.3", checked="torchtitan 0.3.0 wheel (2026-09-03)",
+        embedding="tok_embeddings", layer_prefix="layers", final_modules=("norm", "lm_head"),
+        microbatch_key="pipeline_parallel_microbatch_size", microbatch_is_count=False,
+        batch_in_tokens=False, local_batch_key="local_batch_size",
+        global_batch_key="global_batch_size", seq_key="seq_len",
+    ),
+    "next": TorchtitanRelease(
+        version="next", checked="torchtitan main at b5bcd76c (2026-08-21)",
+        embedding="tok_embeddings", layer_prefix="layers", final_modules=("norm", "lm_head"),
+        microbatch_key="num_pp_microbatches", microbatch_is_count=True,
+        batch_in_tokens=True, local_batch_key="num_tokens_per_microbatch_per_dp_rank",
+        global_batch_key="num_tokens_per_train_step", seq_key="max_context_length",
+    ),
+}  # fmt: skip
+"""Every release pp_opt writes for."""
+
+DEFAULT_RELEASE = "0.3"
+"""The current release (0.3.0, 2026-09)."""
+
+BASE_CONFIGS = {
+    "llama3-8b": "torchtitan.models.llama3.config_registry:llama3_8b",
+    "llama3-70b": "torchtitan.models.llama3.config_registry:llama3_70b",
+    "llama3.1-405b": "torchtitan.models.llama3.config_registry:llama3_405b",
+}
+"""torchtitan's own config function of each bundled model card that has one
+(``models/llama3/config_registry.py``: 32, 80 and 126 layers, as the cards)."""
+
+DEBUG_CONFIG = "torchtitan.models.llama3.config_registry:llama3_debugmodel"
+"""torchtitan's 6-layer llama3 debug model (what the end-to-end test trains)."""
+
+ACTIVATION_CHECKPOINT = {
+    "none": ("None", True),
+    "full": ("FullAC.Config()", True),
+    "selective": ("SelectiveAC.Config()", False),
+}
+"""Activation checkpointing mode -> (its value in a config function, whether a split
+backward runs with it). Selective checkpointing fails at the first ``W`` action ("Trying
+to backward an extra time"); full or none run ``I`` and ``W`` (measured with 0.3.0)."""
+
+AC_IMPORT = "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC"
+"""Where the activation checkpointing configs live (0.3.0 and next)."""
+
+
+def release(version: str) -> TorchtitanRelease:
+    """The release of ``version`` (``0.3``, ``0.3.0``, ``0.3.x`` or ``next``)."""
+    text = str(version).strip().lower()
+    key = "next" if text == "next" else ".".join(text.split(".")[:2])
+    if key not in RELEASES:
+        raise ProblemError(
+            "torchtitan", f"no facts for torchtitan {version!r}; use one of "
+            + ", ".join(RELEASES) + " (0.3 is torchtitan 0.3.x)"
+        )  # fmt: skip
+    return RELEASES[key]
+
+
+def activation_checkpoint(mode: str) -> tuple[str, bool]:
+    """``mode``'s config value and whether a split backward runs with it."""
+    if mode not in ACTIVATION_CHECKPOINT:
+        raise ProblemError(
+            "torchtitan_activation_checkpoint",
+            f"got {mode!r}; use one of {', '.join(ACTIVATION_CHECKPOINT)}",
+        )
+    return ACTIVATION_CHECKPOINT[mode]
+
+
+def module_fqns(facts: TorchtitanRelease, layers: list[int]) -> list[list[str]]:
+    """``module_fqns_per_model_part``: each stage's module names, in stage order."""
+    parts: list[list[str]] = []
+    first = 0
+    for count in layers:
+        parts.append([f"{facts.layer_prefix}.{i}" for i in range(first, first + count)])
+        first += count
+    parts[0].insert(0, facts.embedding)
+    parts[-1] += list(facts.final_modules)
+    return parts

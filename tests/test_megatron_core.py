@@ -1,0 +1,57 @@
+"""Every Megatron-LM flag pp_opt prints lands on a field of megatron-core's config
+dataclasses (megatron-core 0.16.1), so a renamed or removed one fails here; the flags only
+the training script parses are listed with the release and line they were checked at."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from pp_opt.export.training_config import megatron_flags
+from pp_opt.frameworks.megatron import MEGATRON_FLAGS, RELEASE
+
+core = pytest.importorskip("megatron.core", reason="pip install megatron-core==0.16.1")
+
+CONFIGS: list[dict[str, Any]] = [
+    dict(tp=2, pp=4, v=1, layers=[8, 8, 8, 8], recompute=True),
+    dict(tp=1, pp=4, v=2, layers=[4] * 8, recompute=False),
+    dict(tp=1, pp=4, v=1, layers=[9, 8, 8, 7], recompute=False),
+    dict(tp=1, pp=4, v=1, layers=[8, 9, 7, 8], recompute=False),
+]
+
+
+def _printed() -> set[str]:
+    flags: set[str] = set()
+    for c in CONFIGS:
+        printed = megatron_flags(placement="loop", mbs=1, n_layers=sum(c["layers"]),
+                                 global_batch=16, **c)  # fmt: skip
+        flags |= {f for f in printed if f.startswith("--")}
+    return flags
+
+
+def _fields(config: str) -> set[str]:
+    from megatron.core.model_parallel_config import ModelParallelConfig
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    cls = {"ModelParallelConfig": ModelParallelConfig, "TransformerConfig": TransformerConfig}
+    return {f.name for f in dataclasses.fields(cls[config])}
+
+
+def test_every_printed_flag_is_known() -> None:
+    printed = _printed()
+    assert printed == set(MEGATRON_FLAGS), printed ^ set(MEGATRON_FLAGS)
+
+
+@pytest.mark.parametrize("flag", sorted(MEGATRON_FLAGS))
+def test_each_flag_sets_a_megatron_core_field(flag: str) -> None:
+    fact = MEGATRON_FLAGS[flag]
+    if fact.config:
+        assert fact.field in _fields(fact.config), (flag, fact.field)
+    if not fact.declared:  # generated from the field: the names must match
+        assert flag == "--" + fact.field.replace("_", "-")
+    else:
+        assert ".py:" in fact.declared and RELEASE.endswith("0.16.1")
+    if fact.config == "ModelParallelConfig":  # TransformerConfig inherits it
+        assert fact.field in _fields("TransformerConfig")
