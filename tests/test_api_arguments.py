@@ -64,6 +64,7 @@ def _good(tmp: Path) -> dict[str, dict[str, Any]]:
             "seed": 0,
             "threads": 1,
             "progress": None,
+            "stop": None,
         },  # fmt: skip
         "profile_problem": {
             **cards,

@@ -271,11 +271,10 @@ def test_training_settings_name_the_split_and_the_degrees(serial: Plan) -> None:
 
 def test_a_stop_request_ends_the_plan_with_what_was_solved() -> None:
     from pp_opt.planner.search import NOT_SOLVED_INTERRUPTED
-    from pp_opt.solvers.process.stop import StopToken, stop_on_signals
 
-    with stop_on_signals(StopToken()) as token:
-        token.request("interrupted by a test")
-        stopped = small_plan(workers=1)
+    token = pp_opt.StopToken()
+    token.request("interrupted by a test")
+    stopped = small_plan(workers=1, stop=token)
     assert stopped.candidates == [] and stopped.baselines == []
     assert stopped.pruned[NOT_SOLVED_INTERRUPTED] > 0
 

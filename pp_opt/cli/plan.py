@@ -13,6 +13,7 @@ import typer
 from pp_opt.atomic import check_writable
 from pp_opt.cli import exit_codes
 from pp_opt.cli.output import say
+from pp_opt.cli.stopping import run_token, stop_reason
 from pp_opt.errors import ProblemError
 from pp_opt.frameworks.torchtitan import DEFAULT_RELEASE
 
@@ -146,7 +147,7 @@ def plan(
     count = workers if workers is not None else max(1, min(4, os.cpu_count() or 1))
     result = run_plan(model=model, hardware=hardware, gpus=gpus, global_batch=global_batch,
                       seq=seq, pins=pins, time_limit=time_limit, workers=count, ray=ray,
-                      seed=seed, progress=_progress(quiet))  # fmt: skip
+                      seed=seed, progress=_progress(quiet), stop=run_token())  # fmt: skip
     choice = plan_training(result, schedule_csv=None if torch_csv is None else str(torch_csv),
                            activation_checkpoint=activation_checkpoint,
                            torchtitan=torchtitan)  # fmt: skip
@@ -160,9 +161,7 @@ def plan(
     _say_run(result, choice.settings, base=base, config=torchtitan_config)
     for path in written:
         say(f"wrote {path}")
-    from pp_opt.solvers.process.stop import stop_requested
-
-    reason = stop_requested()
+    reason = stop_reason()
     if reason is not None:
         say(f"{reason}: wrote the plan of the candidates solved so far", err=True)
         raise typer.Exit(exit_codes.INTERRUPTED)

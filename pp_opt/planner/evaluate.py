@@ -25,6 +25,7 @@ from pp_opt.planner.step import (
 from pp_opt.problem import Problem
 from pp_opt.profiler.costs import CostProfile
 from pp_opt.schedule import Schedule
+from pp_opt.solvers.process.stop import StopToken
 
 SOLVED = "solve"
 """The order of a job solved by :func:`pp_opt.solve` (any other order is a baseline's)."""
@@ -132,14 +133,15 @@ class Scored:
         return out
 
 
-def evaluate(job: EvaluationTask) -> Scored:
-    """Solve (or run the baseline order of) ``job`` and score its schedule."""
+def evaluate(job: EvaluationTask, *, stop: StopToken | None = None) -> Scored:
+    """Solve (or run the baseline order of) ``job`` and score its schedule; ``stop`` ends a
+    solve in this process early (workers in other processes get no token: it does not pickle)."""
     started = time.perf_counter()
     base = Scored(candidate=job.candidate, order=job.order, label=job.label, status="",
                   time_limit=job.time_limit)  # fmt: skip
     try:
         profile = candidate_profile(job.inputs, job.candidate)
-        schedule = _schedule(job, candidate_problem(job.candidate, profile))
+        schedule = _schedule(job, candidate_problem(job.candidate, profile), stop)
     except InfeasibleError as err:
         base.status, base.note = "infeasible", str(err)
     except TimeLimitError as err:
@@ -152,7 +154,7 @@ def evaluate(job: EvaluationTask) -> Scored:
     return base
 
 
-def _schedule(job: EvaluationTask, problem: Problem) -> Schedule:
+def _schedule(job: EvaluationTask, problem: Problem, stop: StopToken | None) -> Schedule:
     if job.order != SOLVED:
         from pp_opt.planner.baselines import run_baseline
 
@@ -164,7 +166,7 @@ def _schedule(job: EvaluationTask, problem: Problem) -> Schedule:
     if job.warm_start is not None:
         warm = schedule_from_dict(job.warm_start)
     result = solve(problem, time_limit=job.time_limit, threads=job.threads, seed=job.seed,
-                   warm_start=warm, offload_fractions=OFFLOAD_FRACTIONS)  # fmt: skip
+                   warm_start=warm, offload_fractions=OFFLOAD_FRACTIONS, stop=stop)  # fmt: skip
     return result.schedule
 
 

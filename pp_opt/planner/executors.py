@@ -17,6 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pp_opt.errors import ProblemError
 from pp_opt.planner.evaluate import EvaluationTask, Scored, evaluate
+from pp_opt.solvers.process.stop import StopToken
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +41,16 @@ class Executor(Protocol):
 class SerialExecutor:
     """Runs each job in this process when its result is asked for."""
 
-    def __init__(self) -> None:
+    def __init__(self, stop: StopToken | None = None) -> None:
         self.workers = 1
         self._jobs: deque[EvaluationTask] = deque()
+        self._stop = stop
 
     def submit(self, job: EvaluationTask) -> None:
         self._jobs.append(job)
 
     def next_done(self) -> Scored:
-        return evaluate(self._jobs.popleft())
+        return evaluate(self._jobs.popleft(), stop=self._stop)
 
     def pending(self) -> int:
         return len(self._jobs)
@@ -144,11 +146,13 @@ class RayExecutor:
         self._refs.clear()
 
 
-def make_executor(*, workers: int = 1, ray: str | None = None) -> Executor:
+def make_executor(
+    *, workers: int = 1, ray: str | None = None, stop: StopToken | None = None
+) -> Executor:
     """Ray when ``ray`` names a cluster (``auto`` or an address), else a pool of ``workers``
     processes, or this process for one worker."""
     if ray is not None:
         return RayExecutor(None if ray == "local" else ray, workers)
     if workers == 1:
-        return SerialExecutor()
+        return SerialExecutor(stop)
     return PoolExecutor(workers)

@@ -24,7 +24,7 @@ from pp_opt.planner.result import Plan
 from pp_opt.planner.search import ProgressFn, refine, solve_survivors
 from pp_opt.planner.space import Enumeration, enumerate_configs
 from pp_opt.profiler.cards import HardwareCard, ModelCard, load_hardware_card, load_model_card
-from pp_opt.solvers.process.stop import stop_requested
+from pp_opt.solvers.process.stop import StopToken
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,7 @@ def plan(
     seed: int = 0,
     threads: int = 1,
     progress: ProgressFn | None = None,
+    stop: StopToken | None = None,
 ) -> Plan:
     """Rank the configurations of one training job by step time.
 
@@ -115,6 +116,9 @@ def plan(
         before their limits, give the same plan on every executor).
     progress
         Called as candidates finish.
+    stop
+        A :class:`~pp_opt.solvers.process.stop.StopToken`: ``stop.request(reason)`` (from any
+        thread, or a signal handler) stops submitting candidates and keeps those solved.
 
     Returns
     -------
@@ -122,17 +126,10 @@ def plan(
         Ranked candidates, the defaults beside the best, pruned and skipped counts.
     """
     started = time.perf_counter()
-    number("time_limit", time_limit, low=1.0, high=1e7)
-    integer("keep", keep, low=1, high=10_000)
-    integer("splits", splits, low=1, high=3)
-    integer("refine_top", refine_top, low=0, high=100)
-    integer("workers", workers, low=1, high=1024)
-    integer("threads", threads, low=1, high=1024)
-    integer("seed", seed, low=0, high=MAX_SEED)
-    optional("pins", pins, Pins, "a Pins")
-    optional("ray", ray, str, "'auto' or a Ray address")
-    optional("executor", executor, Executor, "an Executor")
-    callback("progress", progress)
+    _check_arguments(time_limit=time_limit, keep=keep, splits=splits, refine_top=refine_top,
+                     workers=workers, threads=threads, seed=seed, pins=pins, ray=ray,
+                     executor=executor, progress=progress, stop=stop)  # fmt: skip
+    stop = stop if stop is not None else StopToken()
     card = load_model_card(model)
     inputs = PlanInputs(
         model=card, hardware=load_hardware_card(hardware), gpus=gpus,
@@ -142,7 +139,9 @@ def plan(
     end = started + time_limit * (1 - FINISH_MARGIN)
 
     owned = executor is None  # made first: a Ray address that does not answer fails early
-    runner = executor if executor is not None else make_executor(workers=workers, ray=ray)
+    runner = (
+        executor if executor is not None else make_executor(workers=workers, ray=ray, stop=stop)
+    )
     try:
         enumeration, bounded, pruned = prepare(inputs, pins, splits=splits)
     except BaseException:
@@ -156,14 +155,15 @@ def plan(
         found = solve_survivors(
             inputs, bounded, runner, short=short, deadline=started + SCREEN_SHARE * time_limit,
             keep=keep, seed=seed, threads=threads, started=started, total=total,
-            pruned=pruned, progress=progress,
+            pruned=pruned, progress=progress, stop=stop,
         )  # fmt: skip
         ranked = sorted((s for s in found.scored if s.ok), key=Scored.sort_key)
         defaults: list[Scored] = []
-        if ranked and stop_requested() is None:
+        if ranked and stop.requested is None:
             defaults = _baselines(inputs, ranked[0], runner, short=short, seed=seed,
                                   threads=threads, deadline=end)  # fmt: skip
-        refine(inputs, found, runner, count=refine_top, deadline=end, seed=seed, threads=threads)
+        refine(inputs, found, runner, count=refine_top, deadline=end, seed=seed, threads=threads,
+               stop=stop)  # fmt: skip
     finally:
         if owned:
             runner.close()
@@ -182,6 +182,26 @@ def plan(
     except ProblemError as err:  # the ranking stands without them
         result.training = {"notes": [f"no training settings: {err}"]}
     return result
+
+
+def _check_arguments(
+    *, time_limit: object, keep: object, splits: object, refine_top: object, workers: object,
+    threads: object, seed: object, pins: object, ray: object, executor: object,
+    progress: object, stop: object,
+) -> None:  # fmt: skip
+    """Each of :func:`plan`'s arguments checked by name, before any work starts."""
+    number("time_limit", time_limit, low=1.0, high=1e7)
+    integer("keep", keep, low=1, high=10_000)
+    integer("splits", splits, low=1, high=3)
+    integer("refine_top", refine_top, low=0, high=100)
+    integer("workers", workers, low=1, high=1024)
+    integer("threads", threads, low=1, high=1024)
+    integer("seed", seed, low=0, high=MAX_SEED)
+    optional("pins", pins, Pins, "a Pins")
+    optional("ray", ray, str, "'auto' or a Ray address")
+    optional("executor", executor, Executor, "an Executor")
+    callback("progress", progress)
+    optional("stop", stop, StopToken, "a StopToken")
 
 
 def _executor_name(workers: int, ray: str | None) -> str:

@@ -23,7 +23,7 @@ from pp_opt.planner.config import Candidate, PlanInputs
 from pp_opt.planner.evaluate import EvaluationTask, Scored
 from pp_opt.planner.executors import Executor
 from pp_opt.planner.problems import Bounded
-from pp_opt.solvers.process.stop import stop_requested
+from pp_opt.solvers.process.stop import StopToken
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,7 @@ def solve_survivors(
     total: int | None = None,
     pruned: Counter[str] | None = None,
     progress: ProgressFn | None = None,
+    stop: StopToken | None = None,
 ) -> SearchResult:
     """Solve the feasible ``bounded`` candidates best-bound first, pruning by ``keep``."""
     started = time.perf_counter() if started is None else started
@@ -119,7 +120,7 @@ def solve_survivors(
     i = 0
     while i < len(queue) or executor.pending():
         while i < len(queue) and executor.pending() < executor.workers:
-            if stop_requested() is not None:
+            if stop is not None and stop.requested is not None:
                 out.pruned[NOT_SOLVED_INTERRUPTED] += len(queue) - i
                 i = len(queue)
                 break
@@ -159,6 +160,7 @@ def refine(
     deadline: float,
     seed: int = 0,
     threads: int = 1,
+    stop: StopToken | None = None,
 ) -> None:
     """Solve the ``count`` best (not proved optimal) again from their schedules with the time
     left, shared by the executor's workers; keep whichever result is better."""
@@ -173,7 +175,7 @@ def refine(
         if len(chosen) == count:
             break
     chosen = [s for s in chosen if s.status != "optimal"]
-    if not chosen or stop_requested() is not None:
+    if not chosen or (stop is not None and stop.requested is not None):
         return
     rounds = -(-len(chosen) // executor.workers)
     limit = (deadline - time.perf_counter()) / rounds

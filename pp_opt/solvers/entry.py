@@ -33,7 +33,7 @@ from pp_opt.solvers.process.isolation import (
     isolated,
     run_isolated,
 )
-from pp_opt.solvers.process.stop import StopToken, guarded, running_search, signal_token
+from pp_opt.solvers.process.stop import StopToken, guarded, running_search
 from pp_opt.solvers.result import SolveResult, WarmStart
 from pp_opt.solvers.timing import checked_timing
 from pp_opt.solvers.warm import Warm, with_warm_start
@@ -125,9 +125,8 @@ def solve(
     stop
         A :class:`~pp_opt.solvers.process.stop.StopToken` the caller made:
         ``stop.request(reason)`` (from any thread) ends the solve early with the best
-        schedule found so far. None: the token of the command line's signal handling
-        when one is active (:func:`~pp_opt.solvers.process.stop.signal_token`), else
-        nothing but the time limit ends it.
+        schedule found so far. None: nothing but the time limit ends it (the command line
+        passes the token its signal handler requests).
 
     Returns
     -------
@@ -196,7 +195,7 @@ def _prepare(
                            objective=objective,
                            progress=None if progress is None else _Reporter(progress),
                            offload_fractions=fractions,
-                           stop=stop if stop is not None else signal_token())  # fmt: skip
+                           stop=stop)  # fmt: skip
     return problem, options
 
 

@@ -162,31 +162,10 @@ _scope_depth = [0]
 """How many :func:`stop_on_signals` / :func:`relayed_signals` scopes are open in this
 process (signal handlers are process-wide, so this is process state by nature)."""
 
-_signal_tokens: list[StopToken] = []
-"""The tokens the open :func:`stop_on_signals` scopes request, innermost last."""
-
 
 def handling_signals() -> bool:
     """Whether :func:`stop_on_signals` is active (backends then leave SIGINT to it)."""
     return _scope_depth[0] > 0
-
-
-def signal_token() -> StopToken | None:
-    """The token the innermost :func:`stop_on_signals` requests on a signal, or None.
-
-    For callers that do not pass a token yet (the planner): ``pp_opt.solve`` without
-    ``stop=`` runs under it, so a Ctrl-C still reaches a solve the planner started.
-    """
-    return _signal_tokens[-1] if _signal_tokens else None
-
-
-def stop_requested() -> str | None:
-    """Why the token of :func:`signal_token` was requested, or None (also with no scope).
-
-    Kept for the planner until it takes a :class:`StopToken` and reads ``token.requested``.
-    """
-    token = signal_token()
-    return None if token is None else token.requested
 
 
 @contextlib.contextmanager
@@ -231,11 +210,9 @@ def stop_on_signals(
     watcher = threading.Thread(target=_watch, args=(read_fd, token), daemon=True)
     watcher.start()
     _scope_depth[0] += 1
-    _signal_tokens.append(token)
     try:
         yield token
     finally:
-        _signal_tokens.remove(token)
         _scope_depth[0] -= 1
         signal.set_wakeup_fd(old_wakeup)
         for sig, handler in previous.items():
