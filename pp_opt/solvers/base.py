@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule, ScheduledOp, Status
 
 
@@ -47,6 +48,20 @@ class SolveOptions:
     """CP-SAT's memory constraints: ``sequence`` (over each device's op order,
     :mod:`pp_opt.solvers.cpsat.sequence`; no offload or recompute), ``cumulative`` (a
     cumulative of lifetimes) or ``auto`` (sequence where it applies)."""
+
+
+PIN_MIN_MICROBATCHES = 12
+"""An offload problem whose copies are weak (shared host links, or placements beyond
+``loop``) with this many microbatches or more gets its fastest compute order's copies
+placed window by window (:mod:`pp_opt.solvers.cpsat.pinned`), and the CP-SAT backend
+most of its solve's time for that; smaller ones are left to the whole fixed-order
+model."""
+
+
+def pins_copies(problem: Problem) -> bool:
+    """Whether a CP-SAT solve of ``problem`` places copies window by window first."""
+    weak = bool(problem.host_links) or problem.placement != "loop"
+    return problem.offload and weak and problem.m >= PIN_MIN_MICROBATCHES
 
 
 class OutOfTime(Exception):
