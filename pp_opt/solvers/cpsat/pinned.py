@@ -84,7 +84,7 @@ def pinned_copies(
     """The ops of ``schedule``'s compute order with copies placed window by window (module
     docstring) by ``until`` (``time.perf_counter()``); None when a window found nothing."""
     orders = compute_orders(schedule)
-    pins = _pins(problem, schedule, orders)
+    uncapped = _uncapped(problem, schedule, orders)
     fixed: Fixed = {}
     choices: Choices = {}
     m = problem.m
@@ -101,7 +101,7 @@ def pinned_copies(
                                 deadline=time.perf_counter() + share)  # fmt: skip
         except OutOfTime:
             return None
-        _restrict(built, orders, pins, fixed, choices, end)
+        _restrict(built, orders, uncapped, fixed, choices, end)
         solver = _solve(built, options, share, search)
         if solver is None:
             log.info("pinned copies: nothing for the first %d microbatches", end)
@@ -116,32 +116,48 @@ def pinned_copies(
     return None
 
 
-def _pins(problem: Problem, schedule: Schedule, orders: list[list[OpKey]]) -> dict[OpKey, float]:
-    """Latest start (problem units) of each compute op: its start in the order's timing
-    without caps and copies, plus the slack."""
+def _uncapped(
+    problem: Problem, schedule: Schedule, orders: list[list[OpKey]]
+) -> dict[OpKey, float]:
+    """Each compute op's start in the order's timing without caps and copies: no schedule
+    of that order starts it earlier."""
     free = roomy(problem)
     streams = {(d, Stream.COMPUTE): keys for d, keys in enumerate(orders)}
     timed = simulate(Order(problem=free, streams=streams,
                            variant=schedule.variant._replace(offload=False)))  # fmt: skip
-    longest = max(duration(problem, op.kind, op.stage) for op in timed.ops)
-    return {op.key: op.start * (1 + PIN_RATE) + PIN_SLACK * longest for op in timed.ops}
+    return {op.key: op.start for op in timed.ops}
+
+
+def _pins(problem: Problem, uncapped: dict[OpKey, float]) -> dict[OpKey, float]:
+    """Latest start (problem units) of each compute op: its uncapped start plus the slack."""
+    longest = max(duration(problem, key.kind, key.stage) for key in uncapped)
+    return {key: start * (1 + PIN_RATE) + PIN_SLACK * longest for key, start in uncapped.items()}
 
 
 def _restrict(
     built: CpsatModel,
     orders: list[list[OpKey]],
-    pins: dict[OpKey, float],
+    uncapped: dict[OpKey, float],
     fixed: Fixed,
     choices: Choices,
     end: int,
 ) -> None:
-    """Each device's order (cut to the window's microbatches), the pins, the fixed ops."""
+    """Each device's order, the pins, the fixed ops. Where the order runs ops of later
+    microbatches (not in the window) between two of the window's, the second waits for
+    room for them: as long as they take, and no earlier than they can end."""
     model, ops, scale = built.model, built.vars.ops, built.scaling.time
+    problem = built.vars.problem
     for keys in orders:
-        mine = [k for k in keys if k.microbatch < end and k in ops]
-        for a, b in zip(mine, mine[1:], strict=False):
-            model.add(ops[b].start >= ops[a].start + ops[a].size)
-    for key, latest in pins.items():
+        last: OpKey | None = None
+        later: list[OpKey] = []
+        for key in keys:
+            if key.microbatch >= end:
+                later.append(key)
+                continue
+            if last is not None:
+                _after(model, built, last, key, later, uncapped)
+            last, later = key, []
+    for key, latest in _pins(problem, uncapped).items():
         if key in ops:
             model.add(ops[key].start <= int(latest * scale))
     for key, start in fixed.items():
@@ -153,6 +169,23 @@ def _restrict(
             if value:
                 for op in (choice.offload, choice.reload):
                     model.add(op.start == fixed[op.key])
+
+
+def _after(
+    model: cp_model.CpModel,
+    built: CpsatModel,
+    a: OpKey,
+    b: OpKey,
+    between: list[OpKey],
+    uncapped: dict[OpKey, float],
+) -> None:
+    """``b`` starts after ``a`` and the ops ``between`` them in the order (not in the model)
+    ran, each no earlier than its uncapped start."""
+    ops, scaling = built.vars.ops, built.scaling
+    sizes = [scaling.t(duration(built.vars.problem, k.kind, k.stage)) for k in between]
+    model.add(ops[b].start >= ops[a].start + ops[a].size + sum(sizes))
+    for n, key in enumerate(between):
+        model.add(ops[b].start >= int(uncapped[key] * scaling.time) + sum(sizes[n:]))
 
 
 def _fix(built: CpsatModel, solver: cp_model.CpSolver, keep: int, fixed: Fixed,
