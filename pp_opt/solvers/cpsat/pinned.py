@@ -63,7 +63,7 @@ STEP_MICROBATCHES = 3
 """Microbatches each later window adds."""
 FREE_MICROBATCHES = 8
 """Microbatches at the end of each window that the next window may still move."""
-FIRST_SHARE = 0.4
+FIRST_SHARE = 0.5
 """Share of the pass's time the first window may use; the later ones share the rest."""
 
 Fixed = dict[OpKey, int]
