@@ -59,11 +59,11 @@ PIN_RATE = 0.01
 copies may slow the steady state by this much."""
 FIRST_MICROBATCHES = 10
 """Microbatches of the first window (the warm-up, where the copies are hardest to fit)."""
-STEP_MICROBATCHES = 3
+STEP_MICROBATCHES = 4
 """Microbatches each later window adds."""
 FREE_MICROBATCHES = 8
 """Microbatches at the end of each window that the next window may still move."""
-FIRST_SHARE = 0.5
+FIRST_SHARE = 0.35
 """Share of the pass's time the first window may use; the later ones share the rest."""
 
 Fixed = dict[OpKey, int]
@@ -103,11 +103,14 @@ def pinned_copies(
             return None
         _restrict(built, orders, uncapped, fixed, choices, end)
         solver = _solve(built, options, share, search)
+        if solver is None and n > 0:  # once more with half of what is left, if any
+            solver = _solve(built, options, 0.5 * (until - time.perf_counter()), search)
         if solver is None:
             log.info("pinned copies: nothing for the first %d microbatches", end)
             return None
-        log.info("pinned copies: first %d microbatches in %.6g", end,
-                 solver.value(built.objective) / built.scaling.time)  # fmt: skip
+        log.info("pinned copies: first %d microbatches in %.6g (%.2f of %.2f s)", end,
+                 solver.value(built.objective) / built.scaling.time, solver.wall_time,
+                 share)  # fmt: skip
         if end == m:
             return read_ops(solver, built.vars)
         keep = max(0, end + STEP_MICROBATCHES - FREE_MICROBATCHES)
@@ -211,7 +214,9 @@ def _solve(
     """One window's solve; the solver when it found a schedule."""
     solver = cp_model.CpSolver()
     params = solver.parameters
-    params.max_time_in_seconds = max(0.05, seconds)
+    if seconds < 0.2:
+        return None
+    params.max_time_in_seconds = seconds
     params.num_workers = max(1, options.threads)
     params.random_seed = options.seed
     # The parallel portfolio, not ``interleave_search``: on the v family at m 16 its windows
