@@ -16,7 +16,9 @@ Parts (``--parts``, comma separated):
 - ``exact`` (issue 18): the small tight-memory ``v`` instances of
   ``scripts/tight_instances.py`` (``EXACT``) against V-Half, V-Min and ZB-V, with
   status, bound and gap (each solve gets ``--time-limit``); the span instance (CP-SAT,
-  10 s); the ``v`` offload instance at cap 2 against its no-offload makespan at cap 3.
+  10 s); the ``v`` offload instance (m 12) at cap 2 against its no-offload makespan at cap 3.
+- ``v-offload`` (issue 28): the same ``v`` offload family at m 12, 16, 24 and 32, each
+  printing both makespans and their ratio.
 - ``offload-target`` (issue 10): the PipeOffload instance at half of ZB-V's cap
   (``k`` = 0.5 and 1) against the same instance without offload at ZB-V's full cap, and
   idle fractions against PipeOffload's at the same cap.
@@ -285,16 +287,33 @@ def part_exact(args: argparse.Namespace) -> list[dict]:
     print(f"{span['instance']}: span {span['objective']:.2f} bound {span['lower_bound']:.2f} "
           f"{span['status']} in {span['wall']:.1f} s (limit 10)", flush=True)  # fmt: skip
     rows.append(span)
-    reference = _solve_row("v offload reference (cap 3, no offload)",
-                           tight.v_offload_instance(3.0, offload=False), args)  # fmt: skip
-    rows.append(reference)
-    offload = _solve_row("v offload cap 2", tight.v_offload_instance(2.0), args)
-    offload["vs_reference"] = offload["makespan"] / reference["makespan"] - 1
-    rows.append(offload)
-    print(f"v offload: cap 2 with offload {offload['makespan']:.2f} ({offload['offloads']} "
-          f"offloads, {offload['status']}) vs cap 3 without {reference['makespan']:.2f}: "
-          f"{offload['vs_reference']:+.2%}", flush=True)  # fmt: skip
+    return rows + v_offload_rows(args, (12,))
+
+
+def v_offload_rows(args: argparse.Namespace, ms: tuple[int, ...]) -> list[dict]:
+    """The ``v`` offload instance at cap 2 against its no-offload makespan at cap 3, per m."""
+    tight = _tight_module()
+    rows = []
+    for m in ms:
+        reference = _solve_row(f"v offload m={m} reference (cap 3, no offload)",
+                               tight.v_offload_instance(3.0, offload=False, m=m), args)  # fmt: skip
+        offload = _solve_row(f"v offload m={m} cap 2", tight.v_offload_instance(2.0, m=m), args)
+        offload["m"] = reference["m"] = m
+        offload["vs_reference"] = offload["makespan"] / reference["makespan"] - 1
+        rows += [reference, offload]
+        print(f"v offload m={m}: cap 2 with offload {offload['makespan']:.2f} "
+              f"({offload['offloads']} offloads, {offload['status']}, {offload['wall']:.1f} s) vs "
+              f"cap 3 without {reference['makespan']:.2f} ({reference['wall']:.1f} s): "
+              f"ratio {offload['makespan'] / reference['makespan']:.4f} "
+              f"({offload['vs_reference']:+.2%})", flush=True)  # fmt: skip
     return rows
+
+
+def part_v_offload(args: argparse.Namespace) -> list[dict]:
+    """Issue 28: the ``v`` offload family at each ``--v-offload-m`` (default ``V_OFFLOAD_M``:
+    12, 16, 24, 32)."""
+    ms = args.v_offload_m or _tight_module().V_OFFLOAD_M
+    return v_offload_rows(args, tuple(ms))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -308,15 +327,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--solver", default="cpsat")
     parser.add_argument("--fractions", default="1.0", help="Offload fractions, e.g. 0.5,1.0.")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--v-offload-m", default="", help="m of --parts v-offload, e.g. 16,32.")
     args = parser.parse_args(argv)
     args.configs = [c for c in args.configs.split(",") if c]
     args.scale_p = [int(x) for x in args.scale_p.split(",") if x]
+    args.v_offload_m = [int(x) for x in args.v_offload_m.split(",") if x]
     args.fractions = tuple(float(x) for x in args.fractions.split(","))
     print(" ".join(f"{h:<10}" for h in HEADER))
     rows: list[dict] = []
     parts = {"configs": part_configs, "offload": part_offload, "scale": part_scale,
              "tight": part_tight, "offload-target": part_offload_target,
-             "exact": part_exact}  # fmt: skip
+             "exact": part_exact, "v-offload": part_v_offload}  # fmt: skip
     for part in args.parts.split(","):
         if part not in parts:
             print(f"unknown part {part!r}; use {', '.join(parts)}", file=sys.stderr)

@@ -117,21 +117,28 @@ def span_instance() -> Problem:
                    t_comm=0.1, objective="span", name="loop p=3 m=5 uneven cap=2.5")  # fmt: skip
 
 
-def v_offload_instance(cap: float, *, offload: bool = True, placement: str = "v") -> Problem:
-    """Issue 18: ``p = 4``, ``m = 12``, per chunk ``t_f = t_b = 0.5``, ``t_w = 0.35``,
-    ``t_comm = 0.02``, ``m_b = 0.5``, ``m_w = 0.2``, ``t_offload = t_reload = 0.8``, host
-    links ``[[0, 1], [2, 3]]``, two chunks per device."""
-    problem = uniform_problem(p=4, m=12, t_f=1.0, t_b=1.0, t_w=0.7, m_b=1.0, m_w=0.4,
+def v_offload_instance(
+    cap: float, *, offload: bool = True, placement: str = "v", m: int = 12
+) -> Problem:
+    """Issue 18 (``m = 12``) and issue 28 (``m`` up to 32): ``p = 4``, per chunk
+    ``t_f = t_b = 0.5``, ``t_w = 0.35``, ``t_comm = 0.02``, ``m_b = 0.5``, ``m_w = 0.2``,
+    ``t_offload = t_reload = 0.8``, host links ``[[0, 1], [2, 3]]``, two chunks per device."""
+    problem = uniform_problem(p=4, m=m, t_f=1.0, t_b=1.0, t_w=0.7, m_b=1.0, m_w=0.4,
                               t_comm=0.02, cap=cap, placement=placement, v=2,
                               host_links=((0, 1), (2, 3)))  # fmt: skip
     stages = tuple(dataclasses.replace(st, t_offload=0.8, t_reload=0.8) for st in problem.stages)
-    name = f"{placement} offload p=4 m=12 cap={cap:g}" + ("" if offload else " no-offload")
+    name = f"{placement} offload p=4 m={m} cap={cap:g}" + ("" if offload else " no-offload")
     return problem.replace(stages=stages, offload=offload, objective="makespan", name=name)
+
+
+V_OFFLOAD_M: tuple[int, ...] = (12, 16, 24, 32)
+"""Microbatch counts of the ``v`` offload rows of ``bench_solvers.py --parts v-offload``."""
 
 
 EXACT: tuple[tuple[int, int, float], ...] = (
     (3, 6, 2.5), (3, 6, 2.0), (4, 8, 3.0),  # the issue's table
     (3, 8, 2.5), (3, 8, 2.0), (4, 8, 2.5),  # m = 8 (p 3) and cap 2.5 (p 4)
     (3, 6, 3.0), (4, 8, 4.0),  # ZB-V's cap, for the comparison with ZB-V
+    (4, 12, 2.5),  # issue 28: one size up (not proved yet: see the README)
 )  # fmt: skip
 """``(p, m, cap)`` of the exact rows of ``bench_solvers.py --parts exact``."""

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule, ScheduledOp, Status
 from pp_opt.solvers.process.stop import StopToken
 
@@ -58,6 +59,20 @@ class SolveOptions:
     """The caller's request to end the solve early (:class:`StopToken`); None: nothing
     but the time limit and the progress callback ends it. Stays in the process that made
     it: a child process gets its own, relayed over its pipe."""
+
+
+PIN_MIN_MICROBATCHES = 12
+"""An offload problem whose copies are weak (shared host links, or placements beyond
+``loop``) with this many microbatches or more gets its fastest compute order's copies
+placed window by window (:mod:`pp_opt.solvers.cpsat.pinned`), and the CP-SAT backend
+most of its solve's time for that; smaller ones are left to the whole fixed-order
+model."""
+
+
+def pins_copies(problem: Problem) -> bool:
+    """Whether a CP-SAT solve of ``problem`` places copies window by window first."""
+    weak = bool(problem.host_links) or problem.placement != "loop"
+    return problem.offload and weak and problem.m >= PIN_MIN_MICROBATCHES
 
 
 class OutOfTime(Exception):

@@ -26,7 +26,13 @@ from pp_opt.metrics import compute_metrics
 from pp_opt.order import Variant
 from pp_opt.problem import OBJECTIVES, Problem
 from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo, Status
-from pp_opt.solvers.base import BackendResult, Progress, ProgressCallback, SolveOptions
+from pp_opt.solvers.base import (
+    BackendResult,
+    Progress,
+    ProgressCallback,
+    SolveOptions,
+    pins_copies,
+)
 from pp_opt.solvers.process.isolation import (
     fluid_isolated,
     improve_isolated,
@@ -60,6 +66,13 @@ FULL_MODEL_ALONE_OPS = 600
 starts: there it proves optima or finds the best schedules, and the large-neighbourhood
 search only runs if time is left. Above it the model gets :data:`FULL_MODEL_SHARE` and
 the search, restarting with new windows whenever it is stuck, the rest."""
+
+PINNED_BACKEND_SHARE = 0.9
+"""Share of the time left after the warm starts that a CP-SAT backend gets where it places
+an offload order's copies window by window first (:func:`pp_opt.solvers.base.pins_copies`;
+most of it goes to that, :data:`pp_opt.solvers.cpsat.PINNED_SHARE`); the search gets the
+rest. On the ``v`` offload family at m 32 (``bench_solvers.py --parts v-offload``) the
+default quarter ended the windows half way."""
 
 WARM_START_SHARE = 0.5
 """Share of the time limit after which no further warm-start generator starts; the
@@ -215,6 +228,8 @@ def _backend_phase(
     if not full:
         return _skipped()
     share = FULL_MODEL_SHARE if search and ops > FULL_MODEL_ALONE_OPS else 1.0
+    if search and pins_copies(problem):
+        share = max(share, PINNED_BACKEND_SHARE)  # the pinned copies need it (cpsat.pinned)
     return _run_backend(solver, problem, dag_for(problem), options, end, share=share)
 
 

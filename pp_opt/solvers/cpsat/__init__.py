@@ -18,10 +18,19 @@ from ortools.sat.python import cp_model
 from pp_opt.bounds import lower_bound
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule, ScheduledOp, Status
-from pp_opt.solvers.base import BackendResult, OutOfTime, Progress, ProgressCallback, SolveOptions
+from pp_opt.solvers.base import (
+    BackendResult,
+    OutOfTime,
+    Progress,
+    ProgressCallback,
+    SolveOptions,
+    pins_copies,
+)
 from pp_opt.solvers.cpsat.fixed_order import as_schedule, fixed_order_model, promising
 from pp_opt.solvers.cpsat.model import CpsatModel, build_model
+from pp_opt.solvers.cpsat.pinned import pinned_copies
 from pp_opt.solvers.cpsat.relaxation import RelaxationBound, device_relaxation_bound
+from pp_opt.solvers.cpsat.scaling import choose_scaling
 from pp_opt.solvers.cpsat.solution import STATUS, read_ops
 from pp_opt.solvers.process.stop import Search, guarded, handling_signals, running_search
 
@@ -136,7 +145,7 @@ def _fixed_orders(
     until = started + FIXED_ORDER_SHARE * options.time_limit
     tried = promising(problem, [warm, *options.alternatives])
     bound = lower_bound(problem, options.objective, offload_fractions=options.offload_fractions)
-    best: Found | None = None
+    best = _pinned(problem, options, tried, search, report, started, bound) if tried else None
     for n, schedule in enumerate(tried):
         left = until - time.perf_counter()
         if left < 0.5 or search.stopped:
@@ -155,6 +164,37 @@ def _fixed_orders(
         if best is None or found[1] < best[1]:
             best = found
     return best
+
+
+PINNED_SHARE = 0.8
+"""Share of the time an offload solve (where :func:`~pp_opt.solvers.base.pins_copies`) may
+spend placing the fastest order's copies window by window (:mod:`.pinned`) before the
+other fixed-order models and the full model."""
+
+
+def _pinned(
+    problem: Problem,
+    options: SolveOptions,
+    tried: list[Schedule],
+    search: Search,
+    report: ProgressCallback | None,
+    started: float,
+    bound: float,
+) -> Found | None:
+    """The fastest order's copies placed window by window (:mod:`.pinned`), as a result of
+    the full model's units; None where it does not apply or found nothing."""
+    if not pins_copies(problem):
+        return None
+    until = started + PINNED_SHARE * options.time_limit
+    ops = pinned_copies(problem, tried[0], options, until=until, search=search)
+    if ops is None:
+        return None
+    scale = choose_scaling(problem, options.offload_fractions).time
+    value = max(op.end for op in ops)
+    log.info("cpsat: pinned copies for the fastest order: %.6g", value)
+    if report is not None:
+        report(Progress(seconds=time.perf_counter() - started, objective=value, bound=bound))
+    return Status.FEASIBLE, int(round(value * scale)), None, ops
 
 
 SEARCH_SHARE = 0.3
