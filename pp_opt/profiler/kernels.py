@@ -14,9 +14,10 @@
   with the matmul of the previous chunk (:func:`tp_exposed_s`).
 
 The byte counts of the eager block are our count of the ops in torchtitan's
-``models/llama/model.py`` (``RMSNorm`` computes in fp32: ``x.float()``, ``pow(2).mean``,
-``x * rsqrt``, ``type_as``, ``* weight``; RoPE via complex fp32 views; SwiGLU ``silu(w1 x) *
-w3 x``); the compiled counts assume each fused region reads its inputs and writes its outputs
+``models/llama/model.py`` and ``models/norms.py`` (``RMSNorm`` computes in fp32:
+``x.float()``, ``pow(2).mean``, ``x * rsqrt``, ``type_as``, ``* weight``; RoPE via complex
+fp32 views; ``repeat_kv`` materialises k and v for all heads before SDPA; SwiGLU
+``silu(w1 x) * w3 x``); the compiled counts assume each fused region reads its inputs and writes its outputs
 once. Neither is fitted; the card's ``hbm_efficiency`` is.
 """
 
@@ -62,13 +63,16 @@ def elementwise_bytes(shape: LayerShape, *, compiled: bool) -> float:
     """HBM bytes of one layer's elementwise ops in F, per GPU (B moves about twice this).
 
     Eager per token: two fp32 RMSNorms (36 ``h`` each), RoPE on q and k (20 ``h`` + 20
-    ``h_kv``), two residual adds (6 ``h`` each), SwiGLU (10 ``f``). Compiled: add+norm fused
-    (8 ``h`` each), RoPE fused (4 ``h`` + 4 ``h_kv``), SwiGLU fused (6 ``f``).
+    ``h_kv``), ``repeat_kv`` expanding k and v to all heads (read 4 ``h_kv``, write 4 ``h``),
+    the attention output's ``transpose(1, 2).contiguous()`` (4 ``h``), two residual adds
+    (6 ``h`` each), SwiGLU (10 ``f``): ``112 h + 24 h_kv + 10 f``. Compiled: add+norm fused
+    (8 ``h`` each), RoPE fused (4 ``h`` + 4 ``h_kv``), the expanded k and v still written
+    (4 ``h``), the output copy (4 ``h``), SwiGLU fused (6 ``f``): ``28 h + 4 h_kv + 6 f``.
     """
     h, h_kv, f = shape.h, shape.h_kv, shape.f
     if not shape.gated:
         raise ProblemError("mlp", "elementwise counts are for Llama (SwiGLU, RMSNorm) layers")
-    per_token = 16 * h + 4 * (h + h_kv) + 6 * f if compiled else 104 * h + 20 * h_kv + 10 * f
+    per_token = 28 * h + 4 * h_kv + 6 * f if compiled else 112 * h + 24 * h_kv + 10 * f
     return per_token * shape.tokens / shape.tp
 
 
