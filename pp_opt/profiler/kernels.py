@@ -17,8 +17,8 @@ The byte counts of the eager block are our count of the ops in torchtitan's
 ``models/llama/model.py`` and ``models/norms.py`` (``RMSNorm`` computes in fp32:
 ``x.float()``, ``pow(2).mean``, ``x * rsqrt``, ``type_as``, ``* weight``; RoPE via complex
 fp32 views; ``repeat_kv`` materialises k and v for all heads before SDPA; SwiGLU
-``silu(w1 x) * w3 x``); the compiled counts assume each fused region reads its inputs and writes its outputs
-once. Neither is fitted; the card's ``hbm_efficiency`` is.
+``silu(w1 x) * w3 x``); the compiled counts assume each fused region reads its inputs and
+writes its outputs once. Neither is fitted; the card's ``hbm_efficiency`` is.
 """
 
 from __future__ import annotations
