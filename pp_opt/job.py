@@ -211,10 +211,16 @@ class Job:
         )  # fmt: skip
 
     def label(self) -> str:
-        extra = "".join(f" {name}" for name in ("fp8", "compile", "async_tp") if getattr(self, name))
+        extra = "".join(
+            f" {name}" for name in ("fp8", "compile", "async_tp") if getattr(self, name)
+        )
         cp = f" cp{self.cp}" if self.cp > 1 else ""
         shard = f" fsdp{self.dp_shard}" if self.fsdp else ""
-        ac = f" ac-{self.activation_checkpoint}" if self.activation_checkpoint in ("selective_op", "full") else ""
+        ac = (
+            f" ac-{self.activation_checkpoint}"
+            if self.activation_checkpoint in ("selective_op", "full")
+            else ""
+        )
         return (
             f"tp{self.tp} pp{self.pp}{cp} dp{self.dp}{shard} {self.placement} v{self.v} "
             f"mbs{self.mbs} m{self.microbatches}{ac}{extra}"

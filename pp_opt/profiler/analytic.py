@@ -45,6 +45,10 @@ FORWARD_PASSES = 11.75
 """HBM bytes moved by F's non-GEMM kernels per byte of saved (``s b h``-sized) activation."""
 BACKWARD_PASSES = 10.0
 """The same for B (fit: 0.85 of F's on all four Zero Bubble models)."""
+LOSS_GRAD_BYTES = 8.0
+"""Bytes per logit the loss's backward holds beyond its saved fp32 softmax: the fp32 gradient
+of the log-softmax output and the fp32 gradient of its input (torchtitan's
+``cross_entropy(pred.float(), labels)``)."""
 LOSS_PASSES = 4.0
 """HBM passes over the fp32 logits by the softmax cross-entropy (F and B each): an estimate."""
 
@@ -82,6 +86,7 @@ def head_costs(card: ModelCard, job: Job, hw: HardwareCard) -> dict[str, float]:
         "t_w": gemm,
         "m_b": ((2 * e * h + stats) * sb) / t + logits,
         "m_w": (e * h + e * card.vocab) * sb / t,
+        "transient": LOSS_GRAD_BYTES * sb * card.vocab / t,
     }
 
 
@@ -127,7 +132,7 @@ def bytes_per_param(
     return weights + grads + share
 
 
-CP_SCALED = ("t_f", "t_b", "t_w", "m_b", "m_w")
+CP_SCALED = ("t_f", "t_b", "t_w", "m_b", "m_w", "transient")
 """Costs that scale with the tokens a GPU holds: ``1 / cp`` of them under context parallelism."""
 
 
@@ -214,12 +219,15 @@ def stage_costs(card: ModelCard, hw: HardwareCard, job: Job) -> list[StageCost]:
 
 
 def stage_transients(units: UnitCosts, job: Job) -> list[float]:
-    """Per stage, the most a re-run layer of it holds during its backward (bytes)."""
+    """Per stage, the most it holds only during one backward (bytes): a re-run layer's
+    transient, or the loss's gradients on the last stage."""
     out = []
     for s, n in enumerate(job.layers):
         n_full = job.stage_full_layers(s) if units.full_layer else 0
         full = units.full_layer["transient"] if units.full_layer and n_full else 0.0
-        out.append(max(full, units.layer["transient"] if n > n_full else 0.0))
+        last = s == len(job.layers) - 1
+        head = units.head["transient"] if last and job.fsdp else 0.0  # torchtitan's fp32 loss
+        out.append(max(full, head, units.layer["transient"] if n > n_full else 0.0))
     return out
 
 
