@@ -206,8 +206,7 @@ class Job:
             tp=data.get("tp", 1), layers=tuple(data.get("layers", ())),
             activation_checkpoint=data.get("recompute", "none"),
             bytes_per_param=data.get("bytes_per_param"),
-            **{key: tuple(data[key]) if key == "full_layers" else data[key]
-               for key in _FEATURE_DEFAULTS if key in data}, **more,
+            **_features(data), **more,
         )  # fmt: skip
 
     def label(self) -> str:
@@ -225,6 +224,14 @@ class Job:
             f"tp{self.tp} pp{self.pp}{cp} dp{self.dp}{shard} {self.placement} v{self.v} "
             f"mbs{self.mbs} m{self.microbatches}{ac}{extra}"
         )
+
+
+def _features(data: dict[str, Any]) -> dict[str, Any]:
+    """The feature fields a layout object carries."""
+    out: dict[str, Any] = {key: data[key] for key in _FEATURE_DEFAULTS if key in data}
+    if "full_layers" in out:
+        out["full_layers"] = tuple(out["full_layers"])
+    return out
 
 
 _FEATURE_DEFAULTS: dict[str, Any] = {

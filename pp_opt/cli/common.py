@@ -9,7 +9,14 @@ from pp_opt.errors import ProblemError
 from pp_opt.schedule import Schedule
 
 FLAGS = {
+    "ac": "--ac",
     "activation_checkpoint": "--recompute",
+    "async_tp": "--async-tp",
+    "compile": "--compile",
+    "cp": "--cp",
+    "dp_replicate": "--dp-replicate",
+    "dp_shard": "--dp-shard",
+    "fp8": "--fp8",
     "bytes_per_param": "--bytes-per-param",
     "cap": "--cap",
     "drop_offload": "--drop-offload",

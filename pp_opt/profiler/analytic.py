@@ -179,11 +179,12 @@ def unit_costs(card: ModelCard, hw: HardwareCard, job: Job) -> UnitCosts:
     compile, AsyncTP and context parallelism as :func:`job_costs.layer_unit` applies them.
     """
     shape = layer_shape(card, job)
-    pieces = dict(elementwise=elementwise_ms(shape, hw), tp_comm=tp_comm_ms(card, hw, job))
-    layer = layer_unit(card, hw, job, mode=job.activation_checkpoint, **pieces)
+    elementwise, comm = elementwise_ms(shape, hw), tp_comm_ms(card, hw, job)
+    layer = layer_unit(card, hw, job, mode=job.activation_checkpoint, elementwise=elementwise,
+                       tp_comm=comm)  # fmt: skip
     full = None
     if any(job.full_layers) and job.activation_checkpoint != "full":
-        full = layer_unit(card, hw, job, mode="full", **pieces)
+        full = layer_unit(card, hw, job, mode="full", elementwise=elementwise, tp_comm=comm)
         full["params"] = layer_params(card) / job.tp
     layer["params"] = layer_params(card) / job.tp
     embedding = _per_cp(embedding_costs(card, job, hw), job)
