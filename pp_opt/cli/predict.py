@@ -13,7 +13,7 @@ from pp_opt.cli.common import LayersOption, layers_per_stage
 from pp_opt.cli.output import say
 
 if TYPE_CHECKING:
-    from pp_opt.predict import Prediction
+    from pp_opt.planner.predict import Prediction
 
 
 def predict(
@@ -44,7 +44,7 @@ def predict(
     output: Path | None = typer.Option(None, "-o", "--output", help="Write the prediction JSON."),
 ) -> None:
     """Predict one configuration's step time, TPS/GPU, MFU and peak memory per pipeline rank."""
-    from pp_opt.predict import predict as run
+    from pp_opt.planner.predict import predict as run
 
     if output is not None:
         check_writable(output)

@@ -37,6 +37,7 @@ from pp_opt.profiler.job_costs import (
     layer_unit,
     sharded_bytes_per_param,
 )
+from pp_opt.profiler.kernels import elementwise_bytes
 from pp_opt.profiler.layer_split import stage_total
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,14 @@ def layer_shape(card: ModelCard, job: Job, **over: object) -> LayerShape:
 
 
 def elementwise_ms(shape: LayerShape, hw: HardwareCard) -> tuple[float, float]:
-    """The non-GEMM time of one eager layer in F and in B (ms)."""
+    """The non-GEMM time of one eager layer in F and in B (ms).
+
+    Llama layers (SwiGLU, RMSNorm) by the count of their ops
+    (:func:`kernels.elementwise_bytes`; B moves twice F's bytes); other layers by the pass
+    counts fit to the Zero Bubble GPT profile (:data:`FORWARD_PASSES`)."""
+    if shape.gated and shape.norm == "rmsnorm":
+        forward = hbm_ms(elementwise_bytes(shape, compiled=False), hw)
+        return forward, 2 * forward
     plain = replace(shape, recompute="none")
     hidden_bytes = sum(v for k, v in activation_terms(plain).items() if not k.endswith("scores"))
     return FORWARD_PASSES * hbm_ms(hidden_bytes, hw), BACKWARD_PASSES * hbm_ms(hidden_bytes, hw)
