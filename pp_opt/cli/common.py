@@ -41,6 +41,7 @@ FLAGS = {
     "ray": "--ray",
     "recompute": "--recompute",
     "repeats": "--repeats",
+    "schedule": "--schedule",
     "seed": "--seed",
     "seq": "--seq",
     "solver": "--solver",
