@@ -69,8 +69,9 @@ class Job:
     the rest in ``activation_checkpoint``; empty: none (all when that is ``full``)."""
     fp8: bool = False
     """Float8 linear layers (torchtitan's Float8, all block linears; not the output layer)."""
-    fp8_all_gather: bool = False
-    """FSDP all-gathers Float8 weights in FP8 (torchtitan's ``enable_fsdp_float8_all_gather``)."""
+    fp8_all_gather: bool | None = None
+    """FSDP all-gathers Float8 weights in FP8 (torchtitan's ``enable_fsdp_float8_all_gather``);
+    None: whenever Float8 runs under FSDP (torchtitan's Float8 configurations set it)."""
     compile: bool = False
     """torch.compile of each decoder layer: fused elementwise passes."""
     async_tp: bool = False
@@ -128,6 +129,8 @@ class Job:
             )
 
     def _check_features(self) -> None:
+        if self.fp8_all_gather is None:
+            object.__setattr__(self, "fp8_all_gather", self.fp8 and self.dp_shard > 1)
         for name in ("fp8", "fp8_all_gather", "compile", "async_tp", "tp_comm"):
             if not isinstance(getattr(self, name), bool):
                 raise ProblemError(name, f"got {getattr(self, name)!r}; expected true or false")
@@ -194,7 +197,8 @@ class Job:
             "recompute": self.activation_checkpoint,
             "bytes_per_param": float(bytes_per_param),
             **{key: getattr(self, key) for key in _FEATURE_DEFAULTS
-               if getattr(self, key) != _FEATURE_DEFAULTS[key]},
+               if getattr(self, key) != _FEATURE_DEFAULTS[key] or (key == "fp8_all_gather"
+                                                                   and self.fp8)},
         }  # fmt: skip
 
     @classmethod

@@ -105,12 +105,6 @@ def _features(job: Job) -> dict[str, Any]:
     return {k: getattr(job, k) for k, d in FEATURE_DEFAULTS.items() if getattr(job, k) != d}
 
 
-def fp8_all_gather_default(fp8: bool, dp_shard: int) -> bool:
-    """Float8 weights all-gathered in FP8 whenever Float8 runs under FSDP (torchtitan's
-    ``enable_fsdp_float8_all_gather`` in its Float8 configurations)."""
-    return fp8 and dp_shard > 1
-
-
 @dataclass(kw_only=True, slots=True)
 class Pins:
     """Values a user pinned; None searches every legal value of that dimension."""

@@ -14,7 +14,7 @@ from typing import Any
 from pp_opt.errors import ProblemError
 from pp_opt.job import Job
 from pp_opt.planner.baselines import torchtitan_split
-from pp_opt.planner.config import Candidate, PlanInputs, fp8_all_gather_default
+from pp_opt.planner.config import Candidate, PlanInputs
 from pp_opt.planner.evaluate import SOLVED, EvaluationTask, Scored, evaluate
 from pp_opt.profiler.cards import HardwareCard, ModelCard, load_hardware_card, load_model_card
 from pp_opt.profiler.layer_split import job_for_card
@@ -119,8 +119,7 @@ def prediction_job(
         pp=pp, v=v, placement=placement, microbatches=global_batch // (dp * mbs), mbs=mbs,
         seq=seq, tp=tp, dp=dp, dp_shard=dp_shard, dp_replicate=dp_replicate, cp=cp,
         activation_checkpoint=ac, fp8=fp8, compile=compile, async_tp=async_tp,
-        fp8_all_gather=fp8_all_gather_default(fp8, dp_shard)
-        if fp8_all_gather is None else fp8_all_gather,
+        fp8_all_gather=fp8_all_gather,
         layers=tuple(layers or ()), full_layers=tuple(full_layers),
     )  # fmt: skip
     if not job.layers and schedule != SOLVED_NAME:

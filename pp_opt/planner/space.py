@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from pp_opt.errors import ProblemError
 from pp_opt.job import Job
-from pp_opt.planner.config import Candidate, Pins, PlanInputs, fp8_all_gather_default
+from pp_opt.planner.config import Candidate, Pins, PlanInputs
 
 PLACEMENTS = ("loop", "v")
 
@@ -135,11 +135,10 @@ def _data_parallel(
     return out
 
 
-def _features(pins: Pins, tp: int, shard: int) -> list[dict[str, object]]:
-    """The job fields of issue 27 each configuration of ``tp`` and ``shard`` takes."""
+def _features(pins: Pins, tp: int) -> list[dict[str, object]]:
+    """The job fields of issue 27 each configuration of ``tp`` takes."""
     return [dict(activation_checkpoint=ac, fp8=pins.fp8, compile=pins.compile,
-                 async_tp=pins.async_tp and tp > 1,
-                 fp8_all_gather=fp8_all_gather_default(pins.fp8, shard))
+                 async_tp=pins.async_tp and tp > 1)
             for ac in pins.ac or ("none",)]  # fmt: skip
 
 
@@ -154,7 +153,7 @@ def enumerate_configs(inputs: PlanInputs, pins: Pins) -> Enumeration:
                 for mbs in _mbs_values(inputs, pins, dp, skipped):
                     m = inputs.global_batch // (dp * mbs)
                     for placement, v in _chunk_values(inputs, pins, pp, skipped):
-                        for features in _features(pins, tp, shard):
+                        for features in _features(pins, tp):
                             for recompute, offload, sharding in _switches(
                                 pins, 1 if shard > 1 else dp
                             ):
