@@ -116,3 +116,23 @@ def test_bench_published_predicts_table5_1f1b_within_15_percent() -> None:
     assert result["microbatches"] == 8 and result["stages_per_rank"] == 1
     assert 0.85 <= result["tps_ratio"] <= 1.15
     assert 0.85 <= result["memory_ratio"] <= 1.15
+
+
+def test_the_plan_space_takes_the_allowed_features() -> None:
+    from pp_opt.planner.config import Pins, PlanInputs
+    from pp_opt.planner.space import enumerate_configs
+
+    card = load_model_card("llama3.1-405b")
+    inputs = PlanInputs(model=card, hardware=HW, gpus=512, global_batch=256, seq=8192)
+    pins = Pins(tp=(8,), pp=(8,), dp_shard=(8, 3), ac=("full", "none"), mbs=(4,), v=(1, 2),
+                placement=("loop",), fp8=True, compile=True, async_tp=True, recompute=False,
+                offload=False)  # fmt: skip
+    found = enumerate_configs(inputs, pins)
+    assert found.skipped["dp_shard does not divide dp"] == 1
+    jobs = [c.job for c in found.configs]
+    assert len(jobs) == 4  # v 1, 2 x ac full, none
+    for job in jobs:
+        assert (job.dp, job.dp_shard, job.dp_replicate, job.microbatches) == (8, 8, 1, 8)
+        assert job.fp8 and job.fp8_all_gather and job.compile and job.async_tp
+        assert not job.optimizer_sharding
+    assert {j.activation_checkpoint for j in jobs} == {"full", "none"}
