@@ -256,9 +256,15 @@ def static_bytes(
             f"device {worst}: weights, gradients and optimizer state need "
             f"{static[worst] / GIB:.1f} GiB, {(static[worst] - cap) / GIB:.1f} GiB more than the "
             f"{cap / GIB:.1f} GiB cap of {hw.name} ({hw.hbm_gib:g} GiB minus {hw.reserve_gib:g} "
-            "reserved); use a larger pp or tp, or fewer bytes per parameter",
+            f"reserved{_overhead(hw)}); use a larger pp or tp, or fewer bytes per parameter",
         )
     return static
+
+
+def _overhead(hw: HardwareCard) -> str:
+    return (
+        "" if hw.memory_overhead == 1 else f", over the {hw.memory_overhead:g} allocator overhead"
+    )
 
 
 def link_costs(card: ModelCard, hw: HardwareCard, job: Job) -> LinkCosts:

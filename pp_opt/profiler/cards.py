@@ -192,7 +192,13 @@ class HardwareCard:
 
     @property
     def cap_bytes(self) -> float:
-        """The memory cap a device gets: HBM minus the reserve."""
+        """The memory cap a device gets, in allocated bytes: HBM minus the reserve, over the
+        allocator's ``memory_overhead`` (so that the reserved bytes fit)."""
+        return self.usable_bytes / self.memory_overhead
+
+    @property
+    def usable_bytes(self) -> float:
+        """HBM minus the reserve (reserved bytes)."""
         return (self.hbm_gib - self.reserve_gib) * GIB
 
     def to_dict(self) -> dict[str, Any]:
