@@ -192,8 +192,9 @@ def _score(out: Scored, job: EvaluationTask, schedule: Schedule, profile: CostPr
     out.tokens_per_s_per_gpu = figures.tokens_per_s_per_gpu
     out.mfu = figures.mfu
     out.peak_memory = reported_peak_memory(profile, schedule)
+    overhead = profile.hardware.memory_overhead  # peak_memory is reserved, the cap allocated
     out.memory_bound = any(
-        out.peak_memory[d] + max(problem.stages[s].m_b for s in problem.stages_on(d))
+        out.peak_memory[d] / overhead + max(problem.stages[s].m_b for s in problem.stages_on(d))
         > problem.devices[d].cap
         for d in range(problem.p)
     )
