@@ -113,9 +113,11 @@ class Scored:
         return self.step_time is not None
 
     def sort_key(self) -> tuple[Any, ...]:
-        """Rank: step time, then the candidate's fixed order (deterministic ties)."""
+        """Rank: step time, then peak memory (of equally fast ones the leaner first, as the
+        Pareto front has them), then the candidate's fixed order (deterministic ties)."""
         value = float("inf") if self.step_time is None else round(self.step_time, 6)
-        return (value, self.candidate.key())
+        memory = round(max(self.peak_memory)) if self.peak_memory else float("inf")
+        return (value, memory, self.candidate.key())
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"config": self.candidate.to_dict()}
