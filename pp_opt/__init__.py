@@ -31,7 +31,16 @@ from pp_opt.export import export
 from pp_opt.job import Job
 from pp_opt.order import Order, Variant
 from pp_opt.orders import baseline, baseline_names
-from pp_opt.planner import Candidate, Pins, Plan, PlanInputs, Scored, plan
+from pp_opt.planner import (
+    Candidate,
+    Pins,
+    Plan,
+    PlanInputs,
+    Prediction,
+    Scored,
+    plan,
+    predict,
+)
 from pp_opt.problem import Device, Problem, Stage, uniform_problem
 from pp_opt.problem_io import load_problem, resplit
 from pp_opt.problem_overrides import apply_overrides, problem_with_overrides
@@ -91,6 +100,8 @@ __all__ = [
     "min_feasible_cap",
     "order_of",
     "plan",
+    "predict",
+    "Prediction",
     "problem_from_profile",
     "problem_with_overrides",
     "profile_job",

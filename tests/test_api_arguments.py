@@ -66,6 +66,28 @@ def _good(tmp: Path) -> dict[str, dict[str, Any]]:
             "progress": None,
             "stop": None,
         },  # fmt: skip
+        "predict": {
+            **cards,
+            "gpus": 2,
+            "global_batch": 8,
+            "tp": 1,
+            "pp": 2,
+            "cp": 1,
+            "dp_shard": 1,
+            "dp_replicate": 1,
+            "mbs": 1,
+            "schedule": "1F1B",
+            "v": None,
+            "placement": "loop",
+            "layers": None,
+            "ac": "none",
+            "fp8": False,
+            "compile": False,
+            "async_tp": False,
+            "fp8_all_gather": None,
+            "full_layers": (),
+            "time_limit": 2.0,
+        },  # fmt: skip
         "profile_problem": {
             **cards,
             "pp": 2,

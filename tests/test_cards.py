@@ -16,7 +16,7 @@ from pp_opt.profiler.formulas import embedding_params, head_params, layer_params
 
 MODELS = ["zb-1.5b", "zb-6.2b", "zb-14.6b", "zb-28.3b", "llama2-7b", "llama2-13b",
           "llama2-70b", "llama3-8b", "llama3-70b", "llama3.1-405b"]  # fmt: skip
-HARDWARE = ["a100-80gb", "h100-80gb", "h200", "cpu"]
+HARDWARE = ["a100-80gb", "h100-80gb", "h100-96gb-500w", "h200", "cpu"]
 
 
 def test_bundled_cards_are_all_there_and_load() -> None:

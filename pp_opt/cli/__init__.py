@@ -30,6 +30,7 @@ _COMMAND_MODULES = (
     "pp_opt.cli.profile",
     "pp_opt.cli.export",
     "pp_opt.cli.plan",
+    "pp_opt.cli.predict",
 )
 
 for _name in _COMMAND_MODULES:

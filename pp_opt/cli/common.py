@@ -9,12 +9,19 @@ from pp_opt.errors import ProblemError
 from pp_opt.schedule import Schedule
 
 FLAGS = {
+    "ac": "--ac",
     "activation_checkpoint": "--recompute",
     "torchtitan": "--torchtitan",
     "torchtitan_activation_checkpoint": "--activation-checkpoint",
     "torchtitan_base": "--torchtitan-base",
     "torchtitan_config": "--torchtitan-config",
     "fused_backward": "--fused-backward",
+    "async_tp": "--async-tp",
+    "compile": "--compile",
+    "cp": "--cp",
+    "dp_replicate": "--dp-replicate",
+    "dp_shard": "--dp-shard",
+    "fp8": "--fp8",
     "bytes_per_param": "--bytes-per-param",
     "cap": "--cap",
     "drop_offload": "--drop-offload",
@@ -39,6 +46,7 @@ FLAGS = {
     "ray": "--ray",
     "recompute": "--recompute",
     "repeats": "--repeats",
+    "schedule": "--schedule",
     "seed": "--seed",
     "seq": "--seq",
     "solver": "--solver",

@@ -45,6 +45,19 @@ def _placements(text: str | None) -> tuple[str, ...] | None:
     return values
 
 
+def _modes(text: str | None) -> tuple[str, ...] | None:
+    from pp_opt.job import ACTIVATION_CHECKPOINT_MODES
+
+    if text is None:
+        return None
+    values = tuple(x for x in text.replace(" ", "").split(",") if x)
+    bad = [x for x in values if x not in ACTIVATION_CHECKPOINT_MODES]
+    if not values or bad:
+        modes = ", ".join(ACTIVATION_CHECKPOINT_MODES)
+        raise ProblemError("ac", f"got {text!r}; give some of {modes}, separated by commas")
+    return values
+
+
 def _progress(quiet: bool) -> Callable[[PlanProgress], None] | None:
     """One line per second at most, and whenever the best step time improves."""
     if quiet:
@@ -92,6 +105,16 @@ def plan(
         "--optimizer-sharding/--no-optimizer-sharding",
         help="Shard the optimizer state over dp (default: try both).",
     ),  # fmt: skip
+    ac: str | None = typer.Option(
+        None, "--ac", help="Activation checkpointing modes, e.g. none,full (default none)."
+    ),
+    cp: str | None = typer.Option(None, "--cp", help="Context-parallel degrees, e.g. 1,2."),
+    dp_shard: str | None = typer.Option(
+        None, "--dp-shard", help="FSDP shard degrees, e.g. 8 (default 1: plain dp)."
+    ),
+    fp8: bool = typer.Option(False, "--fp8", help="Allow Float8 linear layers."),
+    compile: bool = typer.Option(False, "--compile", help="Allow torch.compile."),
+    async_tp: bool = typer.Option(False, "--async-tp", help="Allow AsyncTP (with --compile)."),
     time_limit: float = typer.Option(300.0, "--time-limit", help="Seconds for the whole plan."),
     workers: int | None = typer.Option(
         None, "--workers", help="Local solver processes (default: CPUs, at most 4)."
@@ -143,7 +166,9 @@ def plan(
     base = _checked_base(model, torchtitan_config, torchtitan_base)
     pins = Pins(tp=_ints("tp", tp), pp=_ints("pp", pp), v=_ints("v", v),
                 placement=_placements(placement), mbs=_ints("mbs", mbs), recompute=recompute,
-                offload=offload, optimizer_sharding=sharding)  # fmt: skip
+                offload=offload, optimizer_sharding=sharding, ac=_modes(ac), cp=_ints("cp", cp),
+                dp_shard=_ints("dp_shard", dp_shard), fp8=fp8, compile=compile,
+                async_tp=async_tp)  # fmt: skip
     count = workers if workers is not None else max(1, min(4, os.cpu_count() or 1))
     result = run_plan(model=model, hardware=hardware, gpus=gpus, global_batch=global_batch,
                       seq=seq, pins=pins, time_limit=time_limit, workers=count, ray=ray,

@@ -27,7 +27,15 @@ def profile(
     seq: int | None = typer.Option(None, "--seq", help="Sequence length (card default)."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree (sequence parallel)."),
     layers: str | None = LayersOption,
-    recompute: str = typer.Option("none", "--recompute", help="none or selective."),
+    recompute: str = typer.Option(
+        "none", "--recompute", help="none, selective, selective_op or full (checkpointing)."
+    ),
+    dp_shard: int = typer.Option(1, "--dp-shard", help="FSDP shard degree."),
+    dp_replicate: int = typer.Option(1, "--dp-replicate", help="Replicas of each shard group."),
+    cp: int = typer.Option(1, "--cp", help="Context-parallel degree."),
+    fp8: bool = typer.Option(False, "--fp8", help="Float8 linear layers."),
+    compile: bool = typer.Option(False, "--compile", help="torch.compile each layer."),
+    async_tp: bool = typer.Option(False, "--async-tp", help="Overlap TP collectives."),
     bytes_per_param: float = typer.Option(16.0, "--bytes-per-param", help="Static bytes."),
     measure: bool = typer.Option(False, "--measure", help="Time PyTorch modules (CUDA/CPU)."),
     repeats: int = typer.Option(10, "--repeats", help="Timed runs per measurement."),
@@ -50,7 +58,8 @@ def profile(
         model=str(model), hardware=card, pp=pp, v=chunks, placement=placement,
         microbatches=microbatches, mbs=mbs, seq=seq, tp=tp, layers=layers_per_stage(layers),
         measure=measure, recompute=recompute, bytes_per_param=bytes_per_param, repeats=repeats,
-        threads=threads, warmup=warmup, concurrent=concurrent,
+        threads=threads, warmup=warmup, concurrent=concurrent, dp_shard=dp_shard,
+        dp_replicate=dp_replicate, cp=cp, fp8=fp8, compile=compile, async_tp=async_tp,
     )  # fmt: skip
     data = profile.to_dict()
     if output is not None:

@@ -20,10 +20,13 @@ from pp_opt.planner.config import Candidate, Pins, PlanInputs
 from pp_opt.planner.evaluate import EvaluationTask, Scored, evaluate
 from pp_opt.planner.executors import Executor, PoolExecutor, RayExecutor, SerialExecutor
 from pp_opt.planner.pipeline import plan
+from pp_opt.planner.predict import Prediction, predict
 from pp_opt.planner.result import Plan
 from pp_opt.planner.search import PlanProgress
 
 __all__ = [
+    "Prediction",
+    "predict",
     "Candidate",
     "EvaluationTask",
     "Executor",

@@ -67,7 +67,8 @@ class Candidate:
         """A total order for deterministic tie-breaking."""
         j = self.job
         return (j.tp, j.pp, j.v, j.placement, j.mbs, self.recompute, self.offload,
-                j.optimizer_sharding, j.layers)  # fmt: skip
+                j.optimizer_sharding, j.layers, j.cp, j.dp_shard, j.activation_checkpoint,
+                j.fp8, j.compile, j.async_tp)  # fmt: skip
 
     def label(self) -> str:
         flags = [f for f, on in (("recompute", self.recompute), ("offload", self.offload),
@@ -80,7 +81,7 @@ class Candidate:
         return {"tp": j.tp, "pp": j.pp, "dp": j.dp, "v": j.v, "placement": j.placement,
                 "mbs": j.mbs, "m": j.microbatches, "recompute": self.recompute,
                 "offload": self.offload, "optimizer_sharding": j.optimizer_sharding,
-                "layers": list(j.layers)}  # fmt: skip
+                "layers": list(j.layers), **_features(j)}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, seq: int) -> Candidate:
@@ -88,8 +89,20 @@ class Candidate:
         job = Job(tp=data["tp"], pp=data["pp"], dp=data["dp"], v=data["v"],
                   placement=data["placement"], mbs=data["mbs"], microbatches=data["m"], seq=seq,
                   layers=tuple(data["layers"]),
-                  optimizer_sharding=data["optimizer_sharding"])  # fmt: skip
+                  optimizer_sharding=data["optimizer_sharding"],
+                  **{k: data[k] for k in FEATURE_DEFAULTS if k in data})  # fmt: skip
         return cls(job=job, recompute=data["recompute"], offload=data["offload"])
+
+
+FEATURE_DEFAULTS: dict[str, Any] = {
+    "cp": 1, "dp_shard": 1, "activation_checkpoint": "none", "fp8": False,
+    "fp8_all_gather": False, "compile": False, "async_tp": False,
+}  # fmt: skip
+"""Job fields of issue 27 a plan file's ``config`` carries when they differ from these."""
+
+
+def _features(job: Job) -> dict[str, Any]:
+    return {k: getattr(job, k) for k, d in FEATURE_DEFAULTS.items() if getattr(job, k) != d}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -112,6 +125,18 @@ class Pins:
     """Offload allowed (True), not (False), or both tried (None)."""
     optimizer_sharding: bool | None = None
     """Optimizer sharding on, off, or both tried (None; off when ``dp = 1``)."""
+    ac: tuple[str, ...] | None = None
+    """Activation checkpointing modes to try (None: ``none``)."""
+    cp: tuple[int, ...] | None = None
+    """Context-parallel degrees to try (None: 1)."""
+    dp_shard: tuple[int, ...] | None = None
+    """FSDP shard degrees to try, each dividing ``dp`` (None: 1, plain data parallelism)."""
+    fp8: bool = False
+    """Float8 linear layers allowed (then used)."""
+    compile: bool = False
+    """torch.compile allowed (then used)."""
+    async_tp: bool = False
+    """AsyncTP allowed (then used where ``tp > 1``; needs ``compile``)."""
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

@@ -14,9 +14,12 @@ from typing import Any
 from pp_opt.errors import InfeasibleError, PPOptError, TimeLimitError
 from pp_opt.job import Job
 from pp_opt.planner.config import Candidate, PlanInputs
+from pp_opt.planner.memory import reported_peak_memory
 from pp_opt.planner.problems import OFFLOAD_FRACTIONS, candidate_problem, candidate_profile
 from pp_opt.planner.step import (
     dp_sync_ms,
+    fsdp_exposed_ms,
+    fsdp_units,
     gradients_ready,
     optimizer_ms,
     stage_all_reduce_ms,
@@ -79,7 +82,8 @@ class Scored:
     mfu: float | None = None
     """Model FLOPs utilisation."""
     peak_memory: list[float] = field(default_factory=list)
-    """Per device: static plus activation memory at its peak."""
+    """Per device: static plus activation memory at its peak, as reported (reserved bytes,
+    :func:`pp_opt.planner.memory.reported_peak_memory`)."""
     memory_bound: bool = False
     """Some device lacks room for one more of its largest activations at its peak."""
     gap: float | None = None
@@ -110,9 +114,11 @@ class Scored:
         return self.step_time is not None
 
     def sort_key(self) -> tuple[Any, ...]:
-        """Rank: step time, then the candidate's fixed order (deterministic ties)."""
+        """Rank: step time, then peak memory (of equally fast ones the leaner first, as the
+        Pareto front has them), then the candidate's fixed order (deterministic ties)."""
         value = float("inf") if self.step_time is None else round(self.step_time, 6)
-        return (value, self.candidate.key())
+        memory = round(max(self.peak_memory)) if self.peak_memory else float("inf")
+        return (value, memory, self.candidate.key())
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"config": self.candidate.to_dict()}
@@ -179,6 +185,7 @@ def _score(out: Scored, job: EvaluationTask, schedule: Schedule, profile: CostPr
     reduce = stage_all_reduce_ms(job.inputs, config, profile.stage_params())
     devices = [st.device for st in problem.stages]
     sync = dp_sync_ms(gradients_ready(schedule), devices, reduce, makespan)
+    sync += fsdp_exposed_ms(job.inputs, config, *fsdp_units(job.inputs, config))
     optimizer = optimizer_ms(job.inputs, config, profile.device_params())
     figures = step_time(job.inputs, config, makespan=makespan, dp_sync=sync,
                         optimizer_step=optimizer)  # fmt: skip
@@ -188,9 +195,10 @@ def _score(out: Scored, job: EvaluationTask, schedule: Schedule, profile: CostPr
     out.step_time = figures.step_time
     out.tokens_per_s_per_gpu = figures.tokens_per_s_per_gpu
     out.mfu = figures.mfu
-    out.peak_memory = list(schedule.metrics.peak_memory)
+    out.peak_memory = reported_peak_memory(profile, schedule)
+    overhead = profile.hardware.memory_overhead  # peak_memory is reserved, the cap allocated
     out.memory_bound = any(
-        out.peak_memory[d] + max(problem.stages[s].m_b for s in problem.stages_on(d))
+        out.peak_memory[d] / overhead + max(problem.stages[s].m_b for s in problem.stages_on(d))
         > problem.devices[d].cap
         for d in range(problem.p)
     )

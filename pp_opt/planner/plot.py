@@ -58,7 +58,7 @@ def plot_plan(plan: Plan, ax: Axes | None = None, *, title: bool = True) -> Axes
             split = ",".join(map(str, s.candidate.layers))
             ax.scatter([_memory(s)], [_time(s)], marker="x", s=40,
                        label=f"{s.label} {split} ({order})")  # fmt: skip
-    ax.axvline(plan.inputs.hardware.cap_bytes / GIB, color="#8c8c8c", linestyle="--",
+    ax.axvline(plan.inputs.hardware.usable_bytes / GIB, color="#8c8c8c", linestyle="--",
                linewidth=1, label="memory cap")  # fmt: skip
     ax.set_xlabel("peak memory per GPU (GiB)")
     ax.set_ylabel("step time (ms)")

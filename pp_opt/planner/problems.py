@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from pp_opt.bounds import lower_bound, min_feasible_cap
 from pp_opt.errors import ProblemError
 from pp_opt.planner.config import Candidate, PlanInputs
-from pp_opt.planner.step import dp_sync_bound, optimizer_ms, stage_all_reduce_ms
+from pp_opt.planner.step import (
+    dp_sync_bound,
+    fsdp_exposed_ms,
+    fsdp_units,
+    optimizer_ms,
+    stage_all_reduce_ms,
+)
 from pp_opt.problem import Problem
 from pp_opt.profiler.analytic import profile_analytic
 from pp_opt.profiler.costs import CostProfile, problem_from_profile
@@ -72,5 +78,6 @@ def bound_candidate(inputs: PlanInputs, candidate: Candidate) -> Bounded:
     makespan = lower_bound(problem, offload_fractions=OFFLOAD_FRACTIONS)
     reduce = stage_all_reduce_ms(inputs, candidate.job, profile.stage_params())
     optimizer = optimizer_ms(inputs, candidate.job, profile.device_params())
+    optimizer += fsdp_exposed_ms(inputs, candidate.job, *fsdp_units(inputs, candidate.job))
     return Bounded(candidate=candidate, makespan_bound=makespan,
                    step_bound=makespan + dp_sync_bound(reduce) + optimizer)  # fmt: skip

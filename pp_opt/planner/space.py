@@ -117,6 +117,31 @@ def _switches(pins: Pins, dp: int) -> list[tuple[bool, bool, bool]]:
     return list(itertools.product(recompute, offload, sharding))
 
 
+def _data_parallel(
+    inputs: PlanInputs, pins: Pins, tp: int, pp: int, skipped: Counter[str]
+) -> list[tuple[int, int, int]]:
+    """``(cp, dp, dp_shard)`` choices of one ``tp x pp``."""
+    out = []
+    for cp in pins.cp or (1,):
+        if (inputs.gpus // (tp * pp)) % cp:
+            skipped["tp * pp * cp does not divide gpus"] += 1
+            continue
+        dp = inputs.gpus // (tp * pp * cp)
+        for shard in pins.dp_shard or (1,):
+            if dp % shard:
+                skipped["dp_shard does not divide dp"] += 1
+            else:
+                out.append((cp, dp, shard))
+    return out
+
+
+def _features(pins: Pins, tp: int) -> list[dict[str, object]]:
+    """The job fields of issue 27 each configuration of ``tp`` takes."""
+    return [dict(activation_checkpoint=ac, fp8=pins.fp8, compile=pins.compile,
+                 async_tp=pins.async_tp and tp > 1)
+            for ac in pins.ac or ("none",)]  # fmt: skip
+
+
 def enumerate_configs(inputs: PlanInputs, pins: Pins) -> Enumeration:
     """Every legal configuration of ``inputs`` under ``pins`` (candidates whose layers are
     not split yet), skipped ones counted."""
@@ -124,19 +149,23 @@ def enumerate_configs(inputs: PlanInputs, pins: Pins) -> Enumeration:
     skipped = result.skipped
     for tp in _tp_values(inputs, pins, skipped):
         for pp in _pp_values(inputs, pins, tp, skipped):
-            dp = inputs.gpus // (tp * pp)
-            for mbs in _mbs_values(inputs, pins, dp, skipped):
-                m = inputs.global_batch // (dp * mbs)
-                for placement, v in _chunk_values(inputs, pins, pp, skipped):
-                    for recompute, offload, sharding in _switches(pins, dp):
-                        try:
-                            job = Job(tp=tp, pp=pp, dp=dp, v=v, placement=placement, mbs=mbs,
-                                      microbatches=m, seq=inputs.seq,
-                                      optimizer_sharding=sharding)  # fmt: skip
-                        except ProblemError as err:
-                            skipped[f"beyond pp_opt's limits ({err.field})"] += 1
-                            continue
-                        result.configs.append(
-                            Candidate(job=job, recompute=recompute, offload=offload)
-                        )
+            for cp, dp, shard in _data_parallel(inputs, pins, tp, pp, skipped):
+                for mbs in _mbs_values(inputs, pins, dp, skipped):
+                    m = inputs.global_batch // (dp * mbs)
+                    for placement, v in _chunk_values(inputs, pins, pp, skipped):
+                        for features in _features(pins, tp):
+                            for recompute, offload, sharding in _switches(
+                                pins, 1 if shard > 1 else dp
+                            ):
+                                try:
+                                    job = Job(tp=tp, pp=pp, dp=dp, v=v, placement=placement,
+                                              mbs=mbs, microbatches=m, seq=inputs.seq, cp=cp,
+                                              dp_shard=shard, optimizer_sharding=sharding,
+                                              **features)  # type: ignore[arg-type]  # fmt: skip
+                                except ProblemError as err:
+                                    skipped[f"beyond pp_opt's limits ({err.field})"] += 1
+                                    continue
+                                result.configs.append(
+                                    Candidate(job=job, recompute=recompute, offload=offload)
+                                )
     return result

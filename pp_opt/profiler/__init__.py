@@ -94,6 +94,13 @@ def profile_of(
     vpp: int | None = None,
     concurrent: bool = False,
     tp_comm: bool = True,
+    dp_shard: int = 1,
+    dp_replicate: int = 1,
+    cp: int = 1,
+    fp8: bool = False,
+    compile: bool = False,
+    async_tp: bool = False,
+    full_layers: list[int] | None = None,
 ) -> CostProfile:
     """Profile one configuration given by its fields and return its :class:`CostProfile`.
 
@@ -117,7 +124,8 @@ def profile_of(
         pipeline runtime executes (F, its I/W split, the fused B, offload copies) instead of
         using formulas. Static memory, caps and links stay analytic.
     recompute
-        ``none`` or ``selective`` (attention core recomputed in B, score matrix not kept).
+        Activation checkpointing: ``none``, ``selective`` (attention core recomputed in B),
+        ``selective_op`` (torchtitan's op-level policy) or ``full`` (:mod:`.checkpointing`).
     bytes_per_param
         Static bytes per parameter (16: bf16 weights and grads, fp32 master and Adam moments).
     repeats, warmup
@@ -134,6 +142,11 @@ def profile_of(
     tp_comm
         The tensor-parallel collectives are exposed: added to each layer's F and B when
         ``tp > 1`` (the one cost model of ``profile``, ``solve --model`` and ``plan``).
+    dp_shard, dp_replicate, cp, fp8, compile, async_tp, full_layers
+        FSDP shard and replica degrees, context parallelism, Float8 linears, torch.compile,
+        AsyncTP, and per stage the fully checkpointed layers (:class:`pp_opt.job.Job`).
+        With ``dp_shard > 1`` the static bytes come from FSDP's sharding, not
+        ``bytes_per_param``.
     """
     v = renamed("vpp", None if vpp is None else integer("vpp", vpp, low=1), "v", v)
     check_profile(measure=measure, layers=layers)
@@ -146,6 +159,8 @@ def profile_of(
         pp=pp, v=v, placement=placement, microbatches=microbatches, mbs=mbs,
         seq=card.seq if seq is None else seq, tp=tp, layers=tuple(layers or ()),
         activation_checkpoint=recompute, bytes_per_param=bytes_per_param, tp_comm=tp_comm,
+        dp_shard=dp_shard, dp_replicate=dp_replicate, cp=cp, fp8=fp8, compile=compile,
+        async_tp=async_tp, full_layers=tuple(full_layers or ()),
     )  # fmt: skip
     measuring = dict(repeats=repeats, warmup=warmup, threads=threads, concurrent=concurrent)
     return profile_job(job, model=card, hardware=hardware, measure=measure, **measuring)

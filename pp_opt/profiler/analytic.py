@@ -28,10 +28,16 @@ from pp_opt.profiler.formulas import (
     embedding_params,
     head_flops,
     head_params,
-    layer_activation_bytes,
     layer_flops,
     layer_params,
 )
+from pp_opt.profiler.job_costs import (
+    FORMULA_MODES,
+    device_fixed_bytes,
+    layer_unit,
+    sharded_bytes_per_param,
+)
+from pp_opt.profiler.kernels import elementwise_bytes
 from pp_opt.profiler.layer_split import stage_total
 
 log = logging.getLogger(__name__)
@@ -40,24 +46,39 @@ FORWARD_PASSES = 11.75
 """HBM bytes moved by F's non-GEMM kernels per byte of saved (``s b h``-sized) activation."""
 BACKWARD_PASSES = 10.0
 """The same for B (fit: 0.85 of F's on all four Zero Bubble models)."""
+LOSS_GRAD_BYTES = 8.0
+"""Bytes per logit the loss's backward holds beyond its saved fp32 softmax: the fp32 gradient
+of the log-softmax output and the fp32 gradient of its input (torchtitan's
+``cross_entropy(pred.float(), labels)``)."""
 LOSS_PASSES = 4.0
 """HBM passes over the fp32 logits by the softmax cross-entropy (F and B each): an estimate."""
 
 
 def layer_shape(card: ModelCard, job: Job, **over: object) -> LayerShape:
-    return LayerShape.of(
-        card, s=job.seq, b=job.mbs, tp=job.tp, recompute=job.activation_checkpoint, **over
-    )
+    """The formula shape of one of ``job``'s layers (the full sequence; see ``cp``)."""
+    mode = job.activation_checkpoint if job.activation_checkpoint in FORMULA_MODES else "none"
+    return LayerShape.of(card, s=job.seq, b=job.mbs, tp=job.tp, recompute=mode, **over)
+
+
+def elementwise_ms(shape: LayerShape, hw: HardwareCard) -> tuple[float, float]:
+    """The non-GEMM time of one eager layer in F and in B (ms).
+
+    Llama layers (SwiGLU, RMSNorm) by the count of their ops
+    (:func:`kernels.elementwise_bytes`; B moves twice F's bytes); other layers by the pass
+    counts fit to the Zero Bubble GPT profile (:data:`FORWARD_PASSES`)."""
+    if shape.gated and shape.norm == "rmsnorm":
+        forward = hbm_ms(elementwise_bytes(shape, compiled=False), hw)
+        return forward, 2 * forward
+    plain = replace(shape, recompute="none")
+    hidden_bytes = sum(v for k, v in activation_terms(plain).items() if not k.endswith("scores"))
+    return FORWARD_PASSES * hbm_ms(hidden_bytes, hw), BACKWARD_PASSES * hbm_ms(hidden_bytes, hw)
 
 
 def layer_times(shape: LayerShape, hw: HardwareCard) -> tuple[float, float, float]:
-    """``(t_f, t_b, t_w)`` of one layer in ms."""
+    """``(t_f, t_b, t_w)`` of one plain layer (eager, BF16, no collectives) in ms."""
     f, b, w = layer_flops(shape)
-    plain = replace(shape, recompute="none")
-    hidden_bytes = sum(v for k, v in activation_terms(plain).items() if not k.endswith("scores"))
-    t_f = gemm_ms(f, hw) + FORWARD_PASSES * hbm_ms(hidden_bytes, hw)
-    t_b = gemm_ms(b, hw) + BACKWARD_PASSES * hbm_ms(hidden_bytes, hw)
-    return t_f, t_b, gemm_ms(w, hw)
+    elem_f, elem_b = elementwise_ms(shape, hw)
+    return gemm_ms(f, hw) + elem_f, gemm_ms(b, hw) + elem_b, gemm_ms(w, hw)
 
 
 def head_costs(card: ModelCard, job: Job, hw: HardwareCard) -> dict[str, float]:
@@ -73,6 +94,7 @@ def head_costs(card: ModelCard, job: Job, hw: HardwareCard) -> dict[str, float]:
         "t_w": gemm,
         "m_b": ((2 * e * h + stats) * sb) / t + logits,
         "m_w": (e * h + e * card.vocab) * sb / t,
+        "transient": LOSS_GRAD_BYTES * sb * card.vocab / t,
     }
 
 
@@ -118,6 +140,10 @@ def bytes_per_param(
     return weights + grads + share
 
 
+CP_SCALED = ("t_f", "t_b", "t_w", "m_b", "m_w", "transient")
+"""Costs that scale with the tokens a GPU holds: ``1 / cp`` of them under context parallelism."""
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class UnitCosts:
     """Costs of one decoder layer, the embedding and the output layer, per microbatch and GPU:
@@ -135,13 +161,19 @@ class UnitCosts:
     """The input a recomputed stage keeps (the embedding stage keeps its token ids)."""
     m_in_first: float
     """``m_in`` of the first stage (token ids)."""
+    full_layer: dict[str, float] | None = None
+    """One fully checkpointed layer, for stages that checkpoint some layers in full
+    (None: the job has no such stage)."""
 
     def parts(self) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
         return self.layer, self.embedding, self.head
 
 
 def job_bytes_per_param(job: Job) -> float:
-    """The job's static bytes per parameter: its own, else from its optimizer sharding."""
+    """The job's static bytes per parameter: FSDP's sharded state, its own, else from its
+    optimizer sharding."""
+    if job.fsdp:
+        return sharded_bytes_per_param(job)
     if job.bytes_per_param is not None:
         return float(job.bytes_per_param)
     return bytes_per_param(dp=job.dp, optimizer_sharding=job.optimizer_sharding)
@@ -151,22 +183,29 @@ def unit_costs(card: ModelCard, hw: HardwareCard, job: Job) -> UnitCosts:
     """The per-layer costs :func:`stage_costs` sums, for a planner that splits layers itself.
 
     The tensor-parallel collectives (:func:`tp_comm_ms`) are in each layer's F and B when
-    ``tp > 1`` and the job exposes them (``job.tp_comm``).
+    ``tp > 1`` and the job exposes them (``job.tp_comm``); the job's checkpointing, Float8,
+    compile, AsyncTP and context parallelism as :func:`job_costs.layer_unit` applies them.
     """
-    t_f, t_b, t_w = layer_times(layer_shape(card, job), hw)
-    if job.tp_comm and job.tp > 1:
-        comm = tp_comm_ms(card, hw, job)
-        t_f, t_b = t_f + comm, t_b + comm
-    m_b, m_w = layer_activation_bytes(layer_shape(card, job))
-    layer = {"t_f": t_f, "t_b": t_b, "t_w": t_w, "m_b": m_b, "m_w": m_w,
-             "params": layer_params(card) / job.tp}  # fmt: skip
-    embedding = embedding_costs(card, job, hw)
+    shape = layer_shape(card, job)
+    elementwise, comm = elementwise_ms(shape, hw), tp_comm_ms(card, hw, job)
+    layer = layer_unit(card, hw, job, mode=job.activation_checkpoint, elementwise=elementwise,
+                       tp_comm=comm)  # fmt: skip
+    full = None
+    if any(job.full_layers) and job.activation_checkpoint != "full":
+        full = layer_unit(card, hw, job, mode="full", elementwise=elementwise, tp_comm=comm)
+        full["params"] = layer_params(card) / job.tp
+    layer["params"] = layer_params(card) / job.tp
+    embedding = _per_cp(embedding_costs(card, job, hw), job)
     embedding["params"] = embedding_params(card) / job.tp
-    head = head_costs(card, job, hw)
+    head = _per_cp(head_costs(card, job, hw), job)
     head["params"] = head_params(card) / job.tp
-    stage_input = card.dtype_bytes * job.seq * job.mbs * card.hidden / job.tp
+    stage_input = card.dtype_bytes * job.seq * job.mbs * card.hidden / job.tp / job.cp
     return UnitCosts(layer=layer, embedding=embedding, head=head, m_in=stage_input,
-                     m_in_first=8.0 * job.seq * job.mbs)  # fmt: skip
+                     m_in_first=8.0 * job.seq * job.mbs / job.cp, full_layer=full)  # fmt: skip
+
+
+def _per_cp(costs: dict[str, float], job: Job) -> dict[str, float]:
+    return {key: value / job.cp if key in CP_SCALED else value for key, value in costs.items()}
 
 
 def stage_costs(card: ModelCard, hw: HardwareCard, job: Job) -> list[StageCost]:
@@ -175,23 +214,40 @@ def stage_costs(card: ModelCard, hw: HardwareCard, job: Job) -> list[StageCost]:
     units = unit_costs(card, hw, job)
     keys = ("t_f", "t_b", "t_w", "m_b", "m_w", "params")
     layer, embedding, head = ([part[k] for k in keys] for part in units.parts())
+    full = [units.full_layer[k] for k in keys] if units.full_layer else layer
     last = job.stages - 1
     out = []
     for s, (d, n) in enumerate(zip(job.stage_devices, job.layers, strict=True)):
-        total = dict(zip(keys, stage_total(n, layer, embedding, head, first=s == 0,
-                                           last=s == last), strict=True))  # fmt: skip
+        n_full = job.stage_full_layers(s) if units.full_layer else 0
+        part = stage_total(n - n_full, layer, embedding, head, first=s == 0, last=s == last)
+        total = {k: a + n_full * b for k, a, b in zip(keys, part, full, strict=True)}
         m_in = units.m_in_first if s == 0 else units.m_in  # the first stage keeps token ids
         out.append(StageCost(device=d, layers=n, embedding=s == 0, head=s == last,
                              m_in=min(m_in, total["m_b"]), **total))  # fmt: skip
     return out
 
 
-def static_bytes(stages: list[StageCost], job: Job, hw: HardwareCard) -> list[float]:
-    """Weights, gradients and optimizer state per device; fails when they alone overflow."""
-    static = [0.0] * job.pp
-    per_param = job_bytes_per_param(job)
-    for st in stages:
-        static[st.device] += st.params * per_param
+def stage_transients(units: UnitCosts, job: Job) -> list[float]:
+    """Per stage, the most it holds only during one backward (bytes): a re-run layer's
+    transient, or the loss's gradients on the last stage."""
+    out = []
+    for s, n in enumerate(job.layers):
+        n_full = job.stage_full_layers(s) if units.full_layer else 0
+        full = units.full_layer["transient"] if units.full_layer and n_full else 0.0
+        last = s == len(job.layers) - 1
+        head = units.head["transient"] if last and job.fsdp else 0.0  # torchtitan's fp32 loss
+        out.append(max(full, head, units.layer["transient"] if n > n_full else 0.0))
+    return out
+
+
+def static_bytes(
+    card: ModelCard, stages: list[StageCost], job: Job, hw: HardwareCard
+) -> list[float]:
+    """What each device holds beside its activations (:func:`job_costs.device_fixed_bytes`:
+    weights, gradients and optimizer state, FSDP's unsharded copies, re-run transients,
+    receive buffers); fails when they alone overflow."""
+    transients = stage_transients(unit_costs(card, hw, job), job)
+    static = device_fixed_bytes(card, job, stages, transients, job_bytes_per_param(job))
     cap = hw.cap_bytes
     worst = max(range(job.pp), key=lambda d: static[d])
     if static[worst] > cap:
@@ -200,9 +256,15 @@ def static_bytes(stages: list[StageCost], job: Job, hw: HardwareCard) -> list[fl
             f"device {worst}: weights, gradients and optimizer state need "
             f"{static[worst] / GIB:.1f} GiB, {(static[worst] - cap) / GIB:.1f} GiB more than the "
             f"{cap / GIB:.1f} GiB cap of {hw.name} ({hw.hbm_gib:g} GiB minus {hw.reserve_gib:g} "
-            "reserved); use a larger pp or tp, or fewer bytes per parameter",
+            f"reserved{_overhead(hw)}); use a larger pp or tp, or fewer bytes per parameter",
         )
     return static
+
+
+def _overhead(hw: HardwareCard) -> str:
+    return (
+        "" if hw.memory_overhead == 1 else f", over the {hw.memory_overhead:g} allocator overhead"
+    )
 
 
 def link_costs(card: ModelCard, hw: HardwareCard, job: Job) -> LinkCosts:
@@ -213,7 +275,7 @@ def link_costs(card: ModelCard, hw: HardwareCard, job: Job) -> LinkCosts:
     (inter-node when the pipeline spans nodes). GPUs of one tensor-parallel group that share a
     host link split its bandwidth; distinct devices that share one are returned as groups.
     """
-    message = card.dtype_bytes * job.seq * job.mbs * card.hidden / job.tp
+    message = card.dtype_bytes * job.seq * job.mbs * card.hidden / job.tp / job.cp
     spans_nodes = job.pp * job.tp > hw.gpus_per_node
     gbs, latency_us = node_link(hw, spans_nodes)
     sharing = min(job.tp, hw.gpus_per_host_link)
@@ -231,7 +293,7 @@ def link_costs(card: ModelCard, hw: HardwareCard, job: Job) -> LinkCosts:
 def profile_analytic(card: ModelCard, hw: HardwareCard, job: Job) -> CostProfile:
     """The cost profile of ``job`` (its layers split) from the formulas."""
     stages = stage_costs(card, hw, job)
-    static = static_bytes(stages, job, hw)
+    static = static_bytes(card, stages, job, hw)
     log.debug("analytic profile of %s on %s: %d stages", card.name, hw.name, len(stages))
     return CostProfile(job=job, kind="analytic", model=card, hardware=hw, stages=tuple(stages),
                        static=tuple(static), cap=hw.cap_bytes,

@@ -145,6 +145,13 @@ class HardwareCard:
     """Latency of one point-to-point message between nodes, microseconds."""
     reserve_gib: float = 4.0
     """Memory kept free of the cap: CUDA context, communication buffers, fragmentation."""
+    fp8_peak_tflops: float = 0.0
+    """Dense FP8 tensor-core peak, 1e12 FLOP/s (0: no FP8 tensor cores)."""
+    fp8_gemm_efficiency: float = 0.0
+    """Fraction of the FP8 peak Float8 training GEMMs reach (> 0 when there is an FP8 peak)."""
+    memory_overhead: float = 1.0
+    """The caching allocator's reserved bytes per allocated byte at the peak (>= 1):
+    frameworks report max reserved memory."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -170,6 +177,12 @@ class HardwareCard:
                 raise ProblemError(f"hardware.{key}", "must be greater than 0 (a bandwidth)")
         for key in ("gpus_per_node", "gpus_per_host_link"):
             _positive_int(f"hardware.{key}", getattr(self, key))
+        if self.fp8_peak_tflops > 0 and not 0 < self.fp8_gemm_efficiency <= 1:
+            raise ProblemError(
+                "hardware.fp8_gemm_efficiency", "give a fraction in (0, 1] with fp8_peak_tflops"
+            )
+        if self.memory_overhead < 1:
+            raise ProblemError("hardware.memory_overhead", "is reserved / allocated; give >= 1")
         if self.reserve_gib >= self.hbm_gib:
             raise ProblemError("hardware.reserve_gib", "must be smaller than hbm_gib")
 
@@ -179,7 +192,13 @@ class HardwareCard:
 
     @property
     def cap_bytes(self) -> float:
-        """The memory cap a device gets: HBM minus the reserve."""
+        """The memory cap a device gets, in allocated bytes: HBM minus the reserve, over the
+        allocator's ``memory_overhead`` (so that the reserved bytes fit)."""
+        return self.usable_bytes / self.memory_overhead
+
+    @property
+    def usable_bytes(self) -> float:
+        """HBM minus the reserve (reserved bytes)."""
         return (self.hbm_gib - self.reserve_gib) * GIB
 
     def to_dict(self) -> dict[str, Any]:

@@ -4,6 +4,7 @@ planner's step time call these."""
 
 from __future__ import annotations
 
+from pp_opt.errors import ProblemError
 from pp_opt.profiler.cards import GB, HardwareCard
 
 
@@ -44,6 +45,14 @@ def hbm_ms(nbytes: float, hw: HardwareCard) -> float:
 def gemm_ms(flops: float, hw: HardwareCard) -> float:
     """``flops`` of matrix products at the card's effective GEMM rate (ms)."""
     return 1e3 * flops / (hw.peak_flops * hw.gemm_efficiency)
+
+
+def fp8_gemm_ms(flops: float, hw: HardwareCard) -> float:
+    """``flops`` of Float8 matrix products at the card's effective FP8 rate (ms)."""
+    rate = hw.fp8_peak_tflops * 1e12 * hw.fp8_gemm_efficiency
+    if rate <= 0:
+        raise ProblemError("fp8", f"{hw.name} has no FP8 peak (fp8_peak_tflops); drop --fp8")
+    return 1e3 * flops / rate
 
 
 def node_link(hw: HardwareCard, spans_nodes: bool) -> tuple[float, float]:

@@ -29,11 +29,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pp_opt.errors import ProblemError
-from pp_opt.job import ACTIVATION_CHECKPOINT_MODES
 from pp_opt.profiler.cards import ModelCard
 
-RECOMPUTE_MODES = ACTIVATION_CHECKPOINT_MODES
-"""A layer's recompute modes: the job's activation checkpointing modes."""
+RECOMPUTE_MODES = ("none", "selective")
+"""The recompute modes these counts know (the job's other checkpointing modes, ``selective_op``
+and ``full``, are :mod:`pp_opt.profiler.checkpointing`'s, built on a ``none`` shape)."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -1,0 +1,191 @@
+"""One decoder layer's costs under the job's training features, and a device's fixed memory.
+
+The plain layer (:func:`pp_opt.profiler.analytic.layer_times`, :mod:`formulas`) is changed by
+what the job runs, each effect from its own module:
+
+* activation checkpointing (:mod:`checkpointing`): ``selective_op`` and ``full`` keep less in
+  F and re-run part (or all) of the forward in B;
+* Float8 (:mod:`kernels`): the block's linear GEMMs at the card's FP8 rate, plus the casts;
+* torch.compile (:func:`kernels.elementwise_bytes`): the elementwise passes scaled by the
+  compiled / eager byte counts of the block;
+* tensor parallelism: the collectives of :func:`analytic.tp_comm_ms`, exposed in full or, with
+  AsyncTP, as :func:`kernels.tp_exposed_s` leaves them;
+* context parallelism (:mod:`context_parallel`): every per-GPU cost is ``1 / cp`` of the
+  full sequence's (load-balanced causal ring attention), plus the key/value exchange.
+
+A device's fixed memory beside its activations (:func:`device_fixed_bytes`) adds FSDP's
+sharded state, the unsharded parameters and fp32 gradients a pipelined FSDP stage holds
+(:mod:`fsdp`), the largest checkpointing transient, and the pipeline's receive buffers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pp_opt.job import Job
+from pp_opt.profiler.cards import HardwareCard, ModelCard
+from pp_opt.profiler.checkpointing import layer_checkpoint_cost
+from pp_opt.profiler.comm import fp8_gemm_ms, gemm_ms, hbm_ms, node_link
+from pp_opt.profiler.context_parallel import ring_attention
+from pp_opt.profiler.costs import StageCost
+from pp_opt.profiler.formulas import (
+    LayerShape,
+    attention_core_flops,
+    embedding_params,
+    head_params,
+    layer_activation_bytes,
+    layer_flops,
+    layer_params,
+    linear_flops,
+)
+from pp_opt.profiler.fsdp import sharded_state_bytes, unsharded_bytes
+from pp_opt.profiler.kernels import (
+    elementwise_bytes,
+    fp8_cast_bytes,
+    tp_collective_bytes,
+    tp_exposed_s,
+)
+
+FORMULA_MODES = ("none", "selective")
+"""Checkpointing modes :mod:`formulas` counts itself; the others start from ``none``."""
+
+
+def gemm_time_ms(linear: float, other: float, hw: HardwareCard, *, fp8: bool) -> float:
+    """Linear-layer FLOPs (FP8 under Float8) plus the attention core's (always BF16), ms."""
+    if fp8:
+        return fp8_gemm_ms(linear, hw) + gemm_ms(other, hw)
+    return gemm_ms(linear + other, hw)
+
+
+def compile_factor(shape: LayerShape, job: Job) -> float:
+    """The compiled block's elementwise HBM bytes per eager byte (1 without compile)."""
+    if not job.compile:
+        return 1.0
+    return elementwise_bytes(shape, compiled=True) / elementwise_bytes(shape, compiled=False)
+
+
+def layer_unit(
+    card: ModelCard, hw: HardwareCard, job: Job, *, mode: str, elementwise: tuple[float, float],
+    tp_comm: float,
+) -> dict[str, float]:  # fmt: skip
+    """One layer's ``t_f, t_b, t_w`` (ms), ``m_b, m_w`` and ``transient`` (bytes) under
+    ``mode``, per GPU and microbatch. ``elementwise``: the eager layer's non-GEMM time in F
+    and B (ms, :func:`analytic.elementwise_ms`); ``tp_comm``: one pass of its
+    tensor-parallel collectives (ms, bf16, :func:`analytic.tp_comm_ms`)."""
+    shape = LayerShape.of(card, s=job.seq, b=job.mbs, tp=job.tp,
+                          recompute=mode if mode in FORMULA_MODES else "none")  # fmt: skip
+    f, b, w = layer_flops(shape)
+    lin = linear_flops(shape)
+    elem_f, elem_b = elementwise
+    scale = compile_factor(shape, job)
+    gemm_f = gemm_time_ms(lin, f - lin, hw, fp8=job.fp8)
+    gemm_b = gemm_time_ms(lin, b - lin, hw, fp8=job.fp8)
+    t_w = gemm_time_ms(w, 0.0, hw, fp8=job.fp8)
+    t_f, t_b = gemm_f + scale * elem_f, gemm_b + scale * elem_b
+    if job.fp8:
+        cast = hbm_ms(fp8_cast_bytes(shape), hw)
+        t_f, t_b = t_f + cast / 3, t_b + 2 * cast / 3
+    if job.tp_comm and job.tp > 1:
+        fwd_bytes, bwd_bytes = tp_collective_bytes(shape, fp8_gather=job.fp8)
+        comm_f = tp_comm * fwd_bytes / bwd_bytes
+        t_f += tp_exposed_s(comm_f, gemm_f, tp=job.tp, async_tp=job.async_tp)
+        t_b += tp_exposed_s(tp_comm, gemm_b, tp=job.tp, async_tp=job.async_tp)
+    m_b, m_w = layer_activation_bytes(shape)
+    transient = 0.0
+    if mode not in FORMULA_MODES:
+        cost = layer_checkpoint_cost(shape, mode)
+        m_b, m_w, transient = cost.kept_bytes, min(m_w, cost.kept_bytes), cost.transient_bytes
+        if mode == "full":
+            t_b += t_f  # B re-runs the layer's forward, collectives included
+            transient += gathered_inputs_bytes(shape)
+        else:
+            t_b += gemm_time_ms(cost.recompute_flops, 0.0, hw, fp8=job.fp8) + scale * elem_f
+    unit = {"t_f": t_f, "t_b": t_b, "t_w": t_w, "m_b": m_b, "m_w": m_w, "transient": transient}
+    return context_parallel_unit(unit, card, hw, job, shape)
+
+
+def gathered_inputs_bytes(shape: LayerShape) -> float:
+    """What a re-run layer saves beyond :mod:`formulas`' sequence-parallel count under DTensor
+    TP: the inputs of the column-parallel linears (attention's and the MLP's normed input)
+    are all-gathered before the matmul and saved whole (``e s b h`` each, not ``/ t``)."""
+    if shape.tp == 1:
+        return 0.0
+    return 2.0 * shape.dtype_bytes * shape.tokens * shape.h * (shape.tp - 1) / shape.tp
+
+
+def context_parallel_unit(
+    unit: dict[str, float], card: ModelCard, hw: HardwareCard, job: Job, shape: LayerShape
+) -> dict[str, float]:
+    """``unit`` (full sequence) as one of ``cp`` GPUs runs it: ``1 / cp`` of every cost, plus
+    ring attention's exposed key/value exchange and its gathered key/value buffer."""
+    if job.cp == 1:
+        return unit
+    out = {key: value / job.cp for key, value in unit.items()}
+    core = attention_core_flops(shape)
+    gbs, latency = node_link(hw, spans_nodes=job.cp * job.tp > hw.gpus_per_node)
+    ring = ring_attention(
+        s=job.seq, b=job.mbs, h_kv=card.kv_hidden, cp=job.cp, tp=job.tp,
+        dtype_bytes=card.dtype_bytes, attention_f_s=gemm_ms(core, hw) / 1e3 / job.cp,
+        attention_b_s=gemm_ms(2 * core, hw) / 1e3 / job.cp, link_gbs=gbs, latency_us=latency,
+    )  # fmt: skip
+    out["t_f"] += 1e3 * ring.forward_exposed_s
+    out["t_b"] += 1e3 * ring.backward_exposed_s
+    out["transient"] += ring.kv_block_bytes * job.cp
+    return out
+
+
+def device_fixed_bytes(
+    card: ModelCard, job: Job, stages: Sequence[StageCost], transients: Sequence[float],
+    per_param: float,
+) -> list[float]:  # fmt: skip
+    """Per device, what it holds beside its activations (bytes):
+
+    * weights, gradients and optimizer state: ``per_param`` bytes per parameter (FSDP:
+      :func:`fsdp.sharded_state_bytes`, ``16 / dp_shard``);
+    * FSDP: the unsharded parameters (bf16, or FP8 with FP8 all-gather) of every stage under
+      a pipeline, whose stages keep them from their first forward to their last backward,
+      and the fp32 gradients they accumulate (all counted: a bound, the schedule's peak
+      subtracts what is not yet held, :func:`held_gradient_bytes`); without a pipeline two
+      layers' and the root's (embedding, output layer) gathered parameters;
+    * the largest re-run transient of its stages' layers (``transients``, per stage);
+    * with FSDP (torchtitan's runtime: FSDP2 under ``torch.distributed.pipelining``), a
+      pipeline's receive buffers: torch's pipeline stage allocates one activation and one
+      gradient buffer per microbatch (``_prepare_forward_infra(num_microbatches)`` and
+      ``_setup_backward_recv_info``), and the last stage keeps every microbatch's output (its
+      logits, ``output_chunks``) until the step ends.
+    """
+    fixed = [0.0] * job.pp
+    m, t = job.microbatches, job.tp
+    tokens = job.mbs * job.seq / job.cp
+    message = card.dtype_bytes * tokens * card.hidden / t
+    last = len(stages) - 1
+    for s, st in enumerate(stages):
+        d = st.device
+        fixed[d] += st.params * per_param
+        if job.fsdp and job.pp > 1:
+            fixed[d] += unsharded_bytes(st.params, param_bytes=1.0 if job.fp8_all_gather else 2.0)
+        if job.fsdp and job.pp > 1:  # torchtitan's runtime: FSDP2 on torch.distributed.pipelining
+            fixed[d] += m * message * ((s > 0) + (s < last))
+            if s == last:
+                fixed[d] += m * card.dtype_bytes * tokens * card.vocab / t
+    for d in range(job.pp):
+        fixed[d] += max((x for st, x in zip(stages, transients, strict=True) if st.device == d),
+                        default=0.0)  # fmt: skip
+    if job.fsdp and job.pp == 1:
+        root = (embedding_params(card) + head_params(card)) / t
+        fixed[0] += unsharded_bytes(2 * layer_params(card) / t + root, with_grads=False)
+    return fixed
+
+
+def held_gradient_bytes(job: Job, stage: StageCost) -> float:
+    """fp32 unsharded gradients a pipelined FSDP stage holds from its first backward to its
+    last (FSDP2 accumulates them in the reduce dtype while gradient sync is off; 0 otherwise)."""
+    if not (job.fsdp and job.pp > 1):
+        return 0.0
+    return unsharded_bytes(stage.params, param_bytes=0.0)
+
+
+def sharded_bytes_per_param(job: Job) -> float:
+    """FSDP's static bytes per parameter: fp32 master, gradient and two moments over the
+    shard degree."""
+    return sharded_state_bytes(1.0, shard=job.dp_shard)

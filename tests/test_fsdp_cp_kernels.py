@@ -1,0 +1,107 @@
+"""FSDP, context-parallel and kernel-effect formulas against closed forms."""
+
+from __future__ import annotations
+
+import pytest
+
+from pp_opt.errors import ProblemError
+from pp_opt.profiler.cards import load_model_card
+from pp_opt.profiler.context_parallel import kv_block_bytes, ring_attention
+from pp_opt.profiler.formulas import LayerShape
+from pp_opt.profiler.fsdp import (
+    pipelined_exposed_time,
+    ring_bytes,
+    ring_time,
+    sharded_state_bytes,
+    step_traffic,
+    unsharded_bytes,
+)
+from pp_opt.profiler.kernels import (
+    elementwise_bytes,
+    fp8_cast_bytes,
+    gemm_seconds,
+    tp_collective_bytes,
+    tp_exposed_s,
+)
+
+
+def test_sharded_state_is_16_bytes_per_parameter_over_the_shard_degree() -> None:
+    assert sharded_state_bytes(8e9, shard=8) == pytest.approx(16e9)
+    assert sharded_state_bytes(8e9, shard=128) == pytest.approx(1e9)
+    assert unsharded_bytes(1e9, param_bytes=1.0) == pytest.approx(5e9)
+    assert unsharded_bytes(1e9, with_grads=False) == pytest.approx(2e9)
+    with pytest.raises(ProblemError, match="dp_shard"):
+        sharded_state_bytes(1e9, shard=0)
+
+
+def test_ring_collectives() -> None:
+    assert ring_bytes(8e9, 8) == pytest.approx(7e9)
+    assert ring_time(8e9, 8, gbs=50.0, latency_us=20.0) == pytest.approx(7 * 20e-6 + 7e9 / 50e9)
+    assert ring_time(8e9, 1, gbs=50.0, latency_us=20.0) == 0.0
+
+
+def test_step_traffic_with_and_without_a_pipeline() -> None:
+    plain = step_traffic(1e9, shard=8, pipelined=False)
+    piped = step_traffic(1e9, shard=8, pipelined=True, param_bytes=1.0)
+    assert plain.all_gather_bytes == pytest.approx(2 * 2e9 * 7 / 8)
+    assert piped.all_gather_bytes == pytest.approx(1e9 * 7 / 8)
+    assert plain.reduce_scatter_bytes == piped.reduce_scatter_bytes == pytest.approx(3.5e9)
+    assert plain.all_reduce_bytes == 0.0
+    hsdp = step_traffic(1e9, shard=8, replicate=4, pipelined=True)
+    assert hsdp.all_reduce_bytes == pytest.approx(2 * (4e9 / 8) * 3 / 4)
+
+
+def test_pipelined_exposure_is_first_gather_plus_last_reduce_scatter() -> None:
+    got = pipelined_exposed_time(first_layer_gather_s=0.01, layer_gather_s=0.01,
+                                 layer_forward_s=0.04, layers=16,
+                                 last_stage_reduce_scatter_s=0.4)  # fmt: skip
+    assert got == pytest.approx(0.41)
+    slow = pipelined_exposed_time(first_layer_gather_s=0.05, layer_gather_s=0.05,
+                                  layer_forward_s=0.04, layers=3,
+                                  last_stage_reduce_scatter_s=0.0)  # fmt: skip
+    assert slow == pytest.approx(0.05 + 2 * 0.01)
+
+
+def test_ring_attention_bytes_and_overlap() -> None:
+    block = kv_block_bytes(s=65536, b=1, h_kv=1024, cp=2)
+    assert block == 2 * 2 * 32768 * 1024
+    quick = ring_attention(s=65536, b=1, h_kv=1024, cp=2, attention_f_s=1.0,
+                           attention_b_s=2.0, link_gbs=450.0)  # fmt: skip
+    assert quick.forward_bytes == block and quick.backward_bytes == 2 * block
+    assert quick.forward_exposed_s == quick.backward_exposed_s == 0.0
+    slow = ring_attention(s=65536, b=1, h_kv=1024, cp=4, attention_f_s=0.0, attention_b_s=0.0,
+                          link_gbs=1.0, rotate="alltoall")  # fmt: skip
+    step = kv_block_bytes(s=65536, b=1, h_kv=1024, cp=4) / 1e9
+    assert slow.forward_exposed_s == pytest.approx(3 * step)
+    assert slow.backward_exposed_s == pytest.approx(6 * step)
+    none = ring_attention(s=8192, b=1, h_kv=1024, cp=1, attention_f_s=1.0, attention_b_s=1.0,
+                          link_gbs=1.0)  # fmt: skip
+    assert none.forward_bytes == 0.0
+    with pytest.raises(ProblemError, match="cp"):
+        kv_block_bytes(s=1000, b=1, h_kv=8, cp=3)
+
+
+def test_gemm_time_splits_between_bf16_and_fp8() -> None:
+    got = gemm_seconds(bf16_flops=1e15, fp8_flops=2e15, bf16_tflops=1000.0, bf16_efficiency=0.5,
+                       fp8_tflops=2000.0, fp8_efficiency=0.5)  # fmt: skip
+    assert got == pytest.approx(2.0 + 2.0)
+
+
+def test_compile_moves_fewer_bytes_and_fp8_casts_cost_bytes() -> None:
+    shape = LayerShape.of(load_model_card("llama3-8b"), s=8192, b=2)
+    h, h_kv, f, sb = 4096, 1024, 14336, 2 * 8192
+    assert elementwise_bytes(shape, compiled=False) == sb * (112 * h + 24 * h_kv + 10 * f)
+    assert elementwise_bytes(shape, compiled=True) == sb * (28 * h + 4 * h_kv + 6 * f)
+    assert fp8_cast_bytes(shape) > 0
+
+
+def test_tp_collectives_and_async_overlap() -> None:
+    shape = LayerShape.of(load_model_card("llama3.1-405b"), s=8192, b=4, tp=8)
+    fwd, bwd = tp_collective_bytes(shape)
+    full = 4 * 8192 * 16384 * 7 / 8
+    assert fwd == pytest.approx(8 * full) and bwd == pytest.approx(8 * full)
+    assert tp_collective_bytes(shape, fp8_gather=True)[0] == pytest.approx(6 * full)
+    assert tp_exposed_s(1.0, 5.0, tp=8, async_tp=False) == 1.0
+    assert tp_exposed_s(1.0, 5.0, tp=8, async_tp=True) == pytest.approx(1 / 8)
+    assert tp_exposed_s(2.0, 1.0, tp=8, async_tp=True) == pytest.approx(2 / 8 + 7 / 8)
+    assert tp_exposed_s(2.0, 1.0, tp=1, async_tp=True) == 0.0
