@@ -138,11 +138,11 @@ def plan(
         help="torchtitan config function it starts from, "
         "MODULE:FUNCTION (default: the model card's own, e.g. llama3_8b).",
     ),  # fmt: skip
-    activation_checkpoint: str = typer.Option(
-        "none",
+    activation_checkpoint: str | None = typer.Option(
+        None,
         "--activation-checkpoint",
-        help="The job's activation checkpointing: none, full "
-        "or selective (selective cannot run a split backward: the CSV is then fused).",
+        help="torchtitan's activation checkpointing: none, full or selective (default: the "
+        "best plan's --ac; selective cannot run a split backward: the CSV is then fused).",
     ),  # fmt: skip
 ) -> None:
     """Rank the configurations of a training job by step time (tp, pp, dp, v, placement,
@@ -159,7 +159,8 @@ def plan(
     from pp_opt.planner.training import plan_training
 
     release(torchtitan)
-    check_ac(activation_checkpoint)
+    if activation_checkpoint is not None:
+        check_ac(activation_checkpoint)
     for path in (output, schedule, torch_csv, plot, torchtitan_config):
         if path is not None:
             check_writable(path)

@@ -110,6 +110,11 @@ def release(version: str) -> TorchtitanRelease:
     return RELEASES[key]
 
 
+JOB_MODES = {"none": "none", "selective": "selective", "selective_op": "selective", "full": "full"}
+"""pp_opt's activation checkpointing mode of a job (:data:`pp_opt.job.ACTIVATION_CHECKPOINT_MODES`)
+-> torchtitan's mode that runs it."""
+
+
 def activation_checkpoint(mode: str) -> tuple[str, bool]:
     """``mode``'s config value and whether a split backward runs with it."""
     if mode not in ACTIVATION_CHECKPOINT:

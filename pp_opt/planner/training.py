@@ -99,14 +99,18 @@ def plan_training(
     plan: Plan,
     *,
     schedule_csv: str | None = None,
-    activation_checkpoint: str = "none",
+    activation_checkpoint: str | None = None,
     torchtitan: str = titan.DEFAULT_RELEASE,
 ) -> TorchtitanChoice:
-    """The settings of the best candidate torchtitan can run, with notes on the choices."""
+    """The settings of the best candidate torchtitan can run, with notes on the choices.
+
+    ``activation_checkpoint``: torchtitan's mode; None: the one that runs the chosen
+    candidate's own (``Job.activation_checkpoint``, whose recompute its costs include)."""
     from pp_opt.schedule_io import schedule_from_dict
 
     titan.release(torchtitan)
-    _, splits = titan.activation_checkpoint(activation_checkpoint)
+    if activation_checkpoint is not None:
+        titan.activation_checkpoint(activation_checkpoint)
     best = plan.best
     if best is None:
         return TorchtitanChoice(scored=None, schedule=None, fused_backward=False, settings={})
@@ -137,11 +141,15 @@ def plan_training(
             f"the best plan without offload or recompute: {chosen.candidate.label()}, "
             f"{chosen.step_time:.1f} ms (+{extra:.1f} ms); the torchtitan settings are for it"
         )  # fmt: skip
-    if activation_checkpoint != "none":
+    modelled = titan.JOB_MODES[chosen.candidate.job.activation_checkpoint]
+    if activation_checkpoint is None:
+        activation_checkpoint = modelled
+    elif activation_checkpoint != modelled:
         notes.append(
-            f"pp_opt's costs keep every activation: the recompute that {activation_checkpoint} "
-            "activation checkpointing adds to torchtitan's backward is not in them"
+            f"the plan's costs are for {modelled} activation checkpointing (--ac), torchtitan "
+            f"is told {activation_checkpoint}: its memory and recompute differ from them"
         )  # fmt: skip
+    _, splits = titan.activation_checkpoint(activation_checkpoint)
     split = any(op.kind is OpKind.W for op in schedule.ops)
     fused = split and not splits
     fused_info: dict[str, Any] = {}
