@@ -4,9 +4,11 @@ per problem variant in a solve, and solves that keep their time limit."""
 from __future__ import annotations
 
 import ast
+import io
 import subprocess
 import sys
 import time
+import tokenize
 from pathlib import Path
 
 import networkx as nx
@@ -172,37 +174,72 @@ def test_costs_are_not_read_back_from_problem_extra() -> None:
 
 MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 80
-"""House rules (STYLE.md), counted from ``def`` to the last line, docstring included."""
+"""House rules (STYLE.md), counted from ``def`` to the last line, docstring included; a
+command-line function (in ``pp_opt/cli/``) is counted from the line after its signature,
+so a command's option declarations do not count."""
 
-KEPT_SHORT = ("orders", "solvers/process", "runtime")
-"""The sub-packages already cut to the rules; the rest of the package follows."""
+CLI = PACKAGE / "cli"
 
-LONG_FOR_NOW = {"pp_opt.orders.search.warm_starts.candidates"}
+LONG_FOR_NOW = {"pp_opt.planner.pipeline.plan"}
 """Functions still over the limit, each to be split by the work that owns its module."""
 
 
-def _kept_short_modules() -> list[Path]:
-    return sorted(path for sub in KEPT_SHORT for path in (PACKAGE / sub).rglob("*.py"))
+def _modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
 
 
-def test_restructured_modules_stay_short() -> None:
+def _signature_end(lines: list[str], node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """The line of the ``:`` that closes ``node``'s signature (after ``) -> ...``)."""
+    source = io.StringIO("".join(lines[node.lineno - 1 : node.end_lineno]))
+    depth = 0
+    for token in tokenize.generate_tokens(source.readline):
+        if token.type != tokenize.OP:
+            continue
+        if token.string in "([{":
+            depth += 1
+        elif token.string in ")]}":
+            depth -= 1
+        elif token.string == ":" and depth == 0:
+            return node.lineno + token.start[0] - 1
+    raise AssertionError(f"no end of signature for {node.name} at line {node.lineno}")
+
+
+def _function_lengths(path: Path) -> dict[str, int]:
+    """Each function's length by the rule of :data:`MAX_FUNCTION_LINES`."""
+    text = path.read_text()
+    lines = text.splitlines(keepends=True)
+    lengths: dict[str, int] = {}
+    for node in ast.walk(ast.parse(text, str(path))):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            last = node.end_lineno or node.lineno
+            first = _signature_end(lines, node) + 1 if CLI in path.parents else node.lineno
+            lengths[f"{_module_name(path)}.{node.name}"] = last - first + 1
+    return lengths
+
+
+def test_signature_end_skips_a_commands_options() -> None:
+    source = "def f(\n    a: int = g(1,\n      2),\n) -> dict[str, int]:\n    return {}\n"
+    node = ast.parse(source).body[0]
+    assert isinstance(node, ast.FunctionDef)
+    assert _signature_end(source.splitlines(keepends=True), node) == 4
+
+
+def test_modules_stay_short() -> None:
     long = {
         _module_name(path): lines
-        for path in _kept_short_modules()
+        for path in _modules()
         if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
     }
     assert long == {}, f"modules over {MAX_MODULE_LINES} lines: {long}"
 
 
-def test_restructured_functions_stay_short() -> None:
-    long: dict[str, int] = {}
-    for path in _kept_short_modules():
-        tree = ast.parse(path.read_text(), str(path))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                lines = (node.end_lineno or node.lineno) - node.lineno + 1
-                if lines > MAX_FUNCTION_LINES:
-                    long[f"{_module_name(path)}.{node.name}"] = lines
+def test_functions_stay_short() -> None:
+    long = {
+        name: lines
+        for path in _modules()
+        for name, lines in _function_lengths(path).items()
+        if lines > MAX_FUNCTION_LINES
+    }
     over = {name: lines for name, lines in long.items() if name not in LONG_FOR_NOW}
     assert over == {}, f"functions over {MAX_FUNCTION_LINES} lines: {over}"
     stale = LONG_FOR_NOW - set(long)

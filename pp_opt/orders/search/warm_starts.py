@@ -92,6 +92,23 @@ def candidates(
     large = deadline is not None and op_count(problem) >= LARGE_OPS
     if large:
         entries.sort(key=lambda item: item[0] not in QUICK_FIRST)  # stable: the rest as listed
+    _add_generated(found, entries, problem, fraction=fraction, deadline=deadline, large=large)
+    if problem.offload:
+        _add_offloaded(found, entries, problem, fractions, fraction=fraction, deadline=deadline)
+    found.sort(key=lambda item: (item[0], item[1]))
+    return [candidate for _, _, candidate in found]
+
+
+def _add_generated(
+    found: list[tuple[float, int, Candidate]],
+    entries: list[tuple[str, Entry]],
+    problem: Problem,
+    *,
+    fraction: float,
+    deadline: float | None,
+    large: bool,
+) -> None:
+    """Each entry's order of ``problem`` itself, timed, while the deadline allows."""
     last = 0.0  # on a large problem, the time the last generator took (and its timing)
     for rank, (name, entry) in enumerate(entries):
         if found and _past(deadline, ahead=last):
@@ -106,13 +123,24 @@ def candidates(
         _keep(found, rank, order, problem, order.name or name)
         if large:  # the next one would take about as long: start it only if that fits
             last = time.perf_counter() - begun
-    # With offload: orders made without the caps (classic and list schedules) or for
-    # somewhat more memory (also the rule schedules of the placement), plus copies.
-    # (``loop`` orders take copies well without it: no raised caps there.)
+
+
+def _add_offloaded(
+    found: list[tuple[float, int, Candidate]],
+    entries: list[tuple[str, Entry]],
+    problem: Problem,
+    fractions: Sequence[float],
+    *,
+    fraction: float,
+    deadline: float | None,
+) -> None:
+    """Orders made without the caps (classic and list schedules) or for somewhat more
+    memory (also the rule schedules of the placement), plus copies. (``loop`` orders take
+    copies well without it: no raised caps there.)"""
     bases = [(roomy(problem), False)]
     if problem.placement != "loop":
         bases += [(b, True) for b in raised(problem)]
-    for n, (base, capped) in enumerate(bases if problem.offload else []):
+    for n, (base, capped) in enumerate(bases):
         for rank, (name, entry) in enumerate(entries, start=(n + 1) * len(entries)):
             rule = capped and entry.placements is not None and problem.placement in entry.placements
             if not (entry.offload_base or rule) or (found and _past(deadline)):
@@ -121,23 +149,35 @@ def candidates(
             if made is None or not same_placement(made.problem, problem):
                 continue
             try:
-                # The roomy problem's DAG is the problem's: only caps and switches differ.
-                dag = dag_for(problem, made.variant)
-                timed = simulate(made, dag=dag, solver=_info(made.name or name))
-                if not problem.host_links:
-                    offloaded = with_offloads(problem, timed, fraction)
-                    _keep(found, rank, offloaded, problem, offloaded.name)
-                linked = with_link_offloads(problem, timed, fractions)
-                if linked is not None:
-                    _keep_schedule(
-                        found, rank, linked, problem, f"{made.name or name}+offload-links"
-                    )
+                _keep_with_copies(found, rank, made, problem, fractions=fractions,
+                                  fraction=fraction, name=made.name or name)  # fmt: skip
             except PPOptError as err:
                 log.debug("offload warm start from %s skipped: %s", name, err)
             except Exception as err:  # a failing warm start must never sink the solve
                 log.warning("offload warm start from %s failed (%s); skipped", name, err)
-    found.sort(key=lambda item: (item[0], item[1]))
-    return [candidate for _, _, candidate in found]
+
+
+def _keep_with_copies(
+    found: list[tuple[float, int, Candidate]],
+    rank: int,
+    made: Order,
+    problem: Problem,
+    *,
+    fractions: Sequence[float],
+    fraction: float,
+    name: str,
+) -> None:
+    """Time ``made`` on ``problem`` and keep it with offload copies in its gaps: copies
+    over the host links, and (where the problem has no host links) copies of ``fraction``."""
+    # The roomy problem's DAG is the problem's: only caps and switches differ.
+    dag = dag_for(problem, made.variant)
+    timed = simulate(made, dag=dag, solver=_info(name))
+    if not problem.host_links:
+        offloaded = with_offloads(problem, timed, fraction)
+        _keep(found, rank, offloaded, problem, offloaded.name)
+    linked = with_link_offloads(problem, timed, fractions)
+    if linked is not None:
+        _keep_schedule(found, rank, linked, problem, f"{name}+offload-links")
 
 
 def _past(deadline: float | None, *, ahead: float = 0.0) -> bool:

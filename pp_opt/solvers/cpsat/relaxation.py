@@ -200,14 +200,7 @@ def _solve_device(
     head, tail = longest_paths(dag, dur, lat)
     own = dag.nodes
     mine = [k for k in order if own[k]["device"] in devices and own[k]["stream"] is Stream.COMPUTE]
-    lags = _lags(dag, order, mine, dur, lat)
-    for k in mine:  # microbatch order per stage and kind (module docstring)
-        nxt = OpKey(k.kind, k.stage, k.microbatch + 1)
-        if nxt in dag:
-            lags[(k, nxt)] = max(lags.get((k, nxt), 0), dur[k])
-    graph = nx.DiGraph(list(lags))
-    graph.add_nodes_from(mine)
-    after = {k: nx.descendants(graph, k) for k in mine}
+    lags = _device_lags(dag, order, mine, dur, lat)
 
     horizon = sum(dur.values()) + sum(lat.values()) + 1
     top = horizon if upper is None else min(horizon, int(math.ceil(upper * scale + 1e-9)))
@@ -219,19 +212,7 @@ def _solve_device(
                               for k in mine if own[k]["device"] == device])  # fmt: skip
     for (a, b), lag in lags.items():
         model.add(start[b] >= start[a] + lag)
-    before: dict[tuple[OpKey, OpKey], Lit] = {}
-    for i, a in enumerate(mine):
-        for b in mine[i + 1 :]:
-            if own[a]["device"] != own[b]["device"]:
-                continue
-            if b in after[a] or a in after[b]:
-                before[(a, b)] = b in after[a]
-                before[(b, a)] = not before[(a, b)]
-                continue
-            lit = model.new_bool_var("before")
-            model.add(start[a] + dur[a] <= start[b]).only_enforce_if(lit)
-            model.add(start[b] + dur[b] <= start[a]).only_enforce_if(~lit)
-            before[(a, b)], before[(b, a)] = lit, ~lit
+    before = _add_pair_orders(model, dag, mine, lags, start, dur)
     for device in devices:
         _add_memory(model, problem, device, [k for k in mine if own[k]["device"] == device],
                     before)  # fmt: skip
@@ -247,6 +228,71 @@ def _solve_device(
             model.add(first <= start[k])
             model.add(obj >= start[k] + dur[k] - first)
     model.minimize(obj)
+    return _solved_bound(model, scale=scale, top=top, upper=upper, time_limit=time_limit,
+                         threads=threads, seed=seed, search=search)  # fmt: skip
+
+
+def _device_lags(
+    dag: nx.DiGraph,
+    order: list[OpKey],
+    mine: list[OpKey],
+    dur: dict[OpKey, int],
+    lat: dict[tuple[OpKey, OpKey], int],
+) -> dict[tuple[OpKey, OpKey], int]:
+    """Least start-to-start gap between the ops of the device: their DAG paths
+    (:func:`_lags`), and each op of a stage and kind runs after the previous microbatch's
+    (module docstring)."""
+    lags = _lags(dag, order, mine, dur, lat)
+    for k in mine:
+        nxt = OpKey(k.kind, k.stage, k.microbatch + 1)
+        if nxt in dag:
+            lags[(k, nxt)] = max(lags.get((k, nxt), 0), dur[k])
+    return lags
+
+
+def _add_pair_orders(
+    model: cp_model.CpModel,
+    dag: nx.DiGraph,
+    mine: list[OpKey],
+    lags: dict[tuple[OpKey, OpKey], int],
+    start: dict[OpKey, cp_model.IntVar],
+    dur: dict[OpKey, int],
+) -> dict[tuple[OpKey, OpKey], Lit]:
+    """Which op of each pair on one device runs first: fixed where ``lags`` chain them,
+    else a literal that keeps the two apart."""
+    own = dag.nodes
+    graph = nx.DiGraph(list(lags))
+    graph.add_nodes_from(mine)
+    after = {k: nx.descendants(graph, k) for k in mine}
+    before: dict[tuple[OpKey, OpKey], Lit] = {}
+    for i, a in enumerate(mine):
+        for b in mine[i + 1 :]:
+            if own[a]["device"] != own[b]["device"]:
+                continue
+            if b in after[a] or a in after[b]:
+                before[(a, b)] = b in after[a]
+                before[(b, a)] = not before[(a, b)]
+                continue
+            lit = model.new_bool_var("before")
+            model.add(start[a] + dur[a] <= start[b]).only_enforce_if(lit)
+            model.add(start[b] + dur[b] <= start[a]).only_enforce_if(~lit)
+            before[(a, b)], before[(b, a)] = lit, ~lit
+    return before
+
+
+def _solved_bound(
+    model: cp_model.CpModel,
+    *,
+    scale: float,
+    top: int,
+    upper: float | None,
+    time_limit: float,
+    threads: int,
+    seed: int,
+    search: Search | None,
+) -> tuple[float, bool]:
+    """``(bound, optimal)`` of a device relaxation ``model`` whose objective is at most
+    ``top`` (``upper`` scaled), in problem units."""
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, time_limit)
     solver.parameters.num_workers = max(1, threads)

@@ -28,8 +28,8 @@ from pp_opt.metrics import compute_metrics
 from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo
 from pp_opt.simulator import order_of
 from pp_opt.solvers.cpsat.scaling import choose_scaling
-from pp_opt.solvers.lns.submodel import solve_window
-from pp_opt.solvers.lns.window import cut_window
+from pp_opt.solvers.lns.submodel import WindowResult, solve_window
+from pp_opt.solvers.lns.window import Window, cut_window
 from pp_opt.solvers.process.stop import Search
 from pp_opt.solvers.timing import checked_timing
 
@@ -53,6 +53,60 @@ STEP_LIMIT_GROWTH = 1.5
 """Each restart gives a window's sub-solve this much more time (up to :data:`MAX_STEP_LIMIT`)."""
 MAX_STEP_LIMIT = 20.0
 """Most seconds one window's sub-solve gets after restarts."""
+
+
+@dataclass(kw_only=True, slots=True)
+class _Walk:
+    """Where the sweep stands: the next window's size and offset (in ops, by start), how
+    many windows in a row gave no gain, and the sub-solve's time limit."""
+
+    size: int
+    """Ops in the next window's free part."""
+    step_limit: float
+    """Seconds one window's sub-solve gets (before the deadline cuts it)."""
+    position: int = 0
+    """Index, in start order, of the next window's first free op."""
+    stale: int = 0
+    """Windows in a row without a gain."""
+
+    def bounds(
+        self, starts: list[float], rng: random.Random, elastic_ops: int
+    ) -> tuple[float, float, float]:
+        """The next window's start, end and elastic edge on the sorted op ``starts``."""
+        n = len(starts)
+        self.size = min(self.size, n)
+        if self.position >= n - 1:  # wrap around, to a random offset within half a window
+            self.position = rng.randrange(0, max(1, min(self.size // 2, n - 1)))
+        low = starts[self.position]
+        end = self.position + self.size
+        high = starts[end] if end < n else float("inf")
+        reach = end + elastic_ops
+        return low, high, starts[reach] if reach < n else float("inf")
+
+    def step(self, n: int, *, gained: bool, optimal: bool) -> None:
+        """Move half a window on: grow it after an optimal sub-solve, shrink it otherwise."""
+        self.stale = 0 if gained else self.stale + 1
+        if optimal:
+            self.size = min(int(self.size * 1.25) + 1, n)
+        else:
+            self.size = min(n, max(50, int(self.size * 0.8)))
+        self.position += max(1, self.size // 2)
+        if self.position + 1 >= n:
+            self.position = n  # wrap to a random offset on the next step
+
+    def exhausted(self, n: int) -> bool:
+        """Two full sweeps without a gain: a local optimum for these windows."""
+        return self.stale > 4 * max(1, n // max(1, self.size))
+
+    def restart(self, n: int, rng: random.Random, window_ops: int, stats: SearchStats) -> None:
+        """Start over at a random offset with a random window size and a longer step."""
+        self.stale = 0
+        stats.restarts += 1
+        self.step_limit = min(MAX_STEP_LIMIT, self.step_limit * STEP_LIMIT_GROWTH)
+        self.size = rng.randint(min(n, 50), max(min(n, 50), min(n, 2 * window_ops)))
+        self.position = rng.randrange(0, max(1, n - 1))
+        log.info("lns: restart %d (window %d ops, step %.3g s)", stats.restarts, self.size,
+                 self.step_limit)  # fmt: skip
 
 
 def improve(
@@ -81,22 +135,13 @@ def improve(
     started = time.perf_counter()
     stats = stats if stats is not None else SearchStats()
     rng = random.Random(seed)
-    problem = schedule.problem
     fractions = sorted({op.fraction for op in schedule.ops if op.fraction != 1.0}) or [1.0]
-    scaling = choose_scaling(problem, fractions)
-    objective = problem.objective
+    scaling = choose_scaling(schedule.problem, fractions)
     best = schedule
-    size = window_ops
-    position = 0
-    stale = 0  # windows in a row without a gain
+    walk = _Walk(size=window_ops, step_limit=step_limit)
     running: list[CpSolver] = []
     if search is not None:
-
-        def stop_running() -> None:
-            for solver in list(running):
-                solver.stop_search()
-
-        search.on_stop(stop_running)
+        search.on_stop(lambda: _stop_all(running))
     overhead = 0.0  # a step's time outside its sub-solve (cutting, re-timing, validating)
     while True:
         step_started = time.perf_counter()
@@ -105,57 +150,59 @@ def improve(
             break
         starts = sorted(op.start for op in best.ops)
         n = len(starts)
-        size = min(size, n)
-        if position >= n - 1:  # wrap around, to a random offset within half a window
-            position = rng.randrange(0, max(1, min(size // 2, n - 1)))
-        low = starts[position]
-        high = starts[position + size] if position + size < n else float("inf")
-        reach = position + size + elastic_ops
-        window = cut_window(best, low, high, starts[reach] if reach < n else float("inf"))
+        low, high, elastic_until = walk.bounds(starts, rng, elastic_ops)
+        window = cut_window(best, low, high, elastic_until)
         stats.windows += 1
-        limit = min(step_limit, left)
+        limit = min(walk.step_limit, left)
         solving = time.perf_counter()
         result = solve_window(best, window, scaling, waits=order_of(best).waits,
                               time_limit=limit, threads=threads,
                               seed=seed + stats.windows, running=running)  # fmt: skip
         solved = time.perf_counter()
-        gained = False
-        if result is not None and result.objective < best.objective_value(objective) - 1e-9:
-            candidate = _accepted(best, result.ops)
-            if candidate is not None:
-                best = candidate
-                gained = True
-                stats.improvements += 1
-                log.info("lns: %s %.6g (window %d ops at %.6g)", objective,
-                         best.objective_value(objective), len(window.free), low)  # fmt: skip
-                if on_improve is not None:
-                    on_improve(best)
+        candidate = _kept(best, result, window, stats, on_improve)
+        best = candidate if candidate is not None else best
         # A step's usual time outside its sub-solve's limit (a running mean) is kept back
         # from the next limits, so the last step ends about at the deadline, neither
         # seconds early nor past the grace its process gets (on 18,000 ops it is 1-2 s).
         outside = (solving - step_started) + max(0.0, solved - solving - limit)
         outside += time.perf_counter() - solved
         overhead = outside if stats.windows == 1 else 0.5 * (overhead + outside)
-        stale = 0 if gained else stale + 1
-        if result is not None and result.optimal:
-            size = min(int(size * 1.25) + 1, n)
-        else:
-            size = min(n, max(50, int(size * 0.8)))
-        position += max(1, size // 2)
-        if position + 1 >= n:
-            position = n  # wrap to a random offset on the next step
-        if stale > 4 * max(1, n // max(1, size)):  # two full sweeps without a gain
+        walk.step(n, gained=candidate is not None, optimal=result is not None and result.optimal)
+        if walk.exhausted(n):
             if stop_when_stale:
                 break
-            stale = 0
-            stats.restarts += 1
-            step_limit = min(MAX_STEP_LIMIT, step_limit * STEP_LIMIT_GROWTH)
-            size = rng.randint(min(n, 50), max(min(n, 50), min(n, 2 * window_ops)))
-            position = rng.randrange(0, max(1, n - 1))
-            log.info("lns: restart %d (window %d ops, step %.3g s)", stats.restarts, size,
-                     step_limit)  # fmt: skip
+            walk.restart(n, rng, window_ops, stats)
     stats.seconds += time.perf_counter() - started
     return best
+
+
+def _stop_all(running: list[CpSolver]) -> None:
+    """Ask every sub-solve still running to stop."""
+    for solver in list(running):
+        solver.stop_search()
+
+
+def _kept(
+    best: Schedule,
+    result: WindowResult | None,
+    window: Window,
+    stats: SearchStats,
+    on_improve: Improved | None,
+) -> Schedule | None:
+    """The new incumbent from a window's sub-solve, or None if it gained nothing or did not
+    check out; each gain is counted, logged and reported to ``on_improve``."""
+    objective = best.problem.objective
+    if result is None or result.objective >= best.objective_value(objective) - 1e-9:
+        return None
+    candidate = _accepted(best, result.ops)
+    if candidate is None:
+        return None
+    stats.improvements += 1
+    log.info("lns: %s %.6g (window %d ops at %.6g)", objective,
+             candidate.objective_value(objective), len(window.free), window.start)  # fmt: skip
+    if on_improve is not None:
+        on_improve(candidate)
+    return candidate
 
 
 def _accepted(best: Schedule, ops: tuple[ScheduledOp, ...]) -> Schedule | None:
