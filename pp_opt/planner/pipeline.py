@@ -21,7 +21,7 @@ from pp_opt.planner.evaluate import SOLVED, EvaluationTask, Scored
 from pp_opt.planner.executors import Executor, make_executor
 from pp_opt.planner.problems import Bounded, bound_candidate
 from pp_opt.planner.result import Plan
-from pp_opt.planner.search import ProgressFn, refine, solve_survivors
+from pp_opt.planner.search import ProgressFn, SearchResult, refine, solve_survivors
 from pp_opt.planner.space import Enumeration, enumerate_configs
 from pp_opt.profiler.cards import HardwareCard, ModelCard, load_hardware_card, load_model_card
 from pp_opt.solvers.process.stop import StopToken
@@ -70,25 +70,13 @@ def prepare(
 
 
 def plan(
-    *,
-    model: str | Path | ModelCard,
-    hardware: str | Path | HardwareCard,
-    gpus: int,
-    global_batch: int,
-    seq: int | None = None,
-    pins: Pins | None = None,
-    time_limit: float = 300.0,
-    workers: int = 1,
-    ray: str | None = None,
-    executor: Executor | None = None,
-    keep: int = 5,
-    splits: int = 2,
-    refine_top: int = 3,
-    seed: int = 0,
-    threads: int = 1,
-    progress: ProgressFn | None = None,
+    *, model: str | Path | ModelCard, hardware: str | Path | HardwareCard, gpus: int,
+    global_batch: int, seq: int | None = None, pins: Pins | None = None,
+    time_limit: float = 300.0, workers: int = 1, ray: str | None = None,
+    executor: Executor | None = None, keep: int = 5, splits: int = 2, refine_top: int = 3,
+    seed: int = 0, threads: int = 1, progress: ProgressFn | None = None,
     stop: StopToken | None = None,
-) -> Plan:
+) -> Plan:  # fmt: skip
     """Rank the configurations of one training job by step time.
 
     Parameters
@@ -136,7 +124,6 @@ def plan(
         global_batch=global_batch, seq=card.seq if seq is None else seq,
     )  # fmt: skip
     pins = pins or Pins()
-    end = started + time_limit * (1 - FINISH_MARGIN)
 
     owned = executor is None  # made first: a Ray address that does not answer fails early
     runner = (
@@ -144,40 +131,54 @@ def plan(
     )
     try:
         enumeration, bounded, pruned = prepare(inputs, pins, splits=splits)
-    except BaseException:
-        if owned:
-            runner.close()
-        raise
-    feasible = sum(b.infeasible is None for b in bounded)
-    short = short_limit(time_limit, feasible, runner.workers)
-    total = len(bounded) + pruned[NO_SPLIT]
-    try:
-        found = solve_survivors(
-            inputs, bounded, runner, short=short, deadline=started + SCREEN_SHARE * time_limit,
-            keep=keep, seed=seed, threads=threads, started=started, total=total,
-            pruned=pruned, progress=progress, stop=stop,
+        found, defaults = _search(
+            inputs, bounded, pruned, runner, started=started, time_limit=time_limit, keep=keep,
+            seed=seed, threads=threads, refine_top=refine_top, progress=progress, stop=stop,
         )  # fmt: skip
-        ranked = sorted((s for s in found.scored if s.ok), key=Scored.sort_key)
-        defaults: list[Scored] = []
-        if ranked and stop.requested is None:
-            defaults = _baselines(inputs, ranked[0], runner, short=short, seed=seed,
-                                  threads=threads, deadline=end)  # fmt: skip
-        refine(inputs, found, runner, count=refine_top, deadline=end, seed=seed, threads=threads,
-               stop=stop)  # fmt: skip
     finally:
         if owned:
             runner.close()
-    ranked = sorted((s for s in found.scored if s.ok), key=Scored.sort_key)
     result = Plan(
-        inputs=inputs, pins=pins, candidates=ranked,
+        inputs=inputs, pins=pins, candidates=sorted((s for s in found.scored if s.ok),
+                                                    key=Scored.sort_key),
         failed=[s for s in found.scored if not s.ok], baselines=defaults, pruned=found.pruned,
         skipped=enumeration.skipped, configurations=len(enumeration.configs),
         seconds=time.perf_counter() - started, time_limit=time_limit,
         executor=type(runner).__name__ if not owned else _executor_name(workers, ray),
     )  # fmt: skip
+    return _with_training(result)
+
+
+def _search(
+    inputs: PlanInputs, bounded: list[Bounded], pruned: Counter[str], runner: Executor, *,
+    started: float, time_limit: float, keep: int, seed: int, threads: int, refine_top: int,
+    progress: ProgressFn | None, stop: StopToken,
+) -> tuple[SearchResult, list[Scored]]:  # fmt: skip
+    """Steps 4 and 5: screen the survivors best-bound first, run the defaults beside the
+    best, refine the best with the time left."""
+    end = started + time_limit * (1 - FINISH_MARGIN)
+    feasible = sum(b.infeasible is None for b in bounded)
+    short = short_limit(time_limit, feasible, runner.workers)
+    found = solve_survivors(
+        inputs, bounded, runner, short=short, deadline=started + SCREEN_SHARE * time_limit,
+        keep=keep, seed=seed, threads=threads, started=started,
+        total=len(bounded) + pruned[NO_SPLIT], pruned=pruned, progress=progress, stop=stop,
+    )  # fmt: skip
+    ranked = sorted((s for s in found.scored if s.ok), key=Scored.sort_key)
+    defaults: list[Scored] = []
+    if ranked and stop.requested is None:
+        defaults = _baselines(inputs, ranked[0], runner, short=short, seed=seed,
+                              threads=threads, deadline=end)  # fmt: skip
+    refine(inputs, found, runner, count=refine_top, deadline=end, seed=seed, threads=threads,
+           stop=stop)  # fmt: skip
+    return found, defaults
+
+
+def _with_training(result: Plan) -> Plan:
+    """The plan with the training settings of its best runnable candidate."""
     from pp_opt.planner.training import plan_training
 
-    try:  # torchtitan 0.3, no activation checkpointing (plan_training takes others)
+    try:  # torchtitan 0.3, the best candidate's own activation checkpointing
         result.training = plan_training(result).settings
     except ProblemError as err:  # the ranking stands without them
         result.training = {"notes": [f"no training settings: {err}"]}

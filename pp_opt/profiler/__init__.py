@@ -74,34 +74,15 @@ def profile_job(
 
 
 def profile_of(
-    *,
-    model: str | Path | ModelCard,
-    hardware: str | Path | HardwareCard | None = None,
-    pp: int,
-    v: int = 1,
-    placement: str = "loop",
-    microbatches: int,
-    mbs: int = 1,
-    seq: int | None = None,
-    tp: int = 1,
-    layers: list[int] | None = None,
-    measure: bool = False,
-    recompute: str = "none",
-    bytes_per_param: float = 16.0,
-    repeats: int = 10,
-    warmup: int = 2,
-    threads: int | None = None,
-    vpp: int | None = None,
-    concurrent: bool = False,
-    tp_comm: bool = True,
-    dp_shard: int = 1,
-    dp_replicate: int = 1,
-    cp: int = 1,
-    fp8: bool = False,
-    compile: bool = False,
-    async_tp: bool = False,
+    *, model: str | Path | ModelCard, hardware: str | Path | HardwareCard | None = None,
+    pp: int, v: int = 1, placement: str = "loop", microbatches: int, mbs: int = 1,
+    seq: int | None = None, tp: int = 1, layers: list[int] | None = None, measure: bool = False,
+    recompute: str = "none", bytes_per_param: float = 16.0, repeats: int = 10, warmup: int = 2,
+    threads: int | None = None, vpp: int | None = None, concurrent: bool = False,
+    tp_comm: bool = True, dp_shard: int = 1, dp_replicate: int = 1, cp: int = 1,
+    fp8: bool = False, compile: bool = False, async_tp: bool = False,
     full_layers: list[int] | None = None,
-) -> CostProfile:
+) -> CostProfile:  # fmt: skip
     """Profile one configuration given by its fields and return its :class:`CostProfile`.
 
     Parameters
