@@ -82,3 +82,18 @@ def test_a_pinned_solve_is_valid_and_never_loses_to_its_warm_start() -> None:
     assert not validate(result.schedule)
     assert result.warm_start is not None
     assert result.objective <= result.warm_start.objective + 1e-9
+
+
+def test_a_fused_order_on_a_split_problem_is_not_pinned() -> None:
+    """A fused backward cheaper than its parts makes the fastest order a ``BW`` one; the
+    windows model the problem's split DAG, so they take the fastest split order or none
+    (the plan of ``make demo`` failed with ``KeyError: OpKey(BW, ...)`` in a window)."""
+    problem = uniform_problem(p=4, m=12, t_f=1.0, t_b=1.0, t_w=1.0, m_b=1.0, m_w=0.5,
+                              t_comm=0.05, cap=3.0, host_links=((0, 1), (2, 3)))  # fmt: skip
+    stages = tuple(
+        dataclasses.replace(s, t_bw=1.2, t_offload=0.5, t_reload=0.5) for s in problem.stages
+    )
+    problem = problem.replace(stages=stages, offload=True)
+    result = solve(problem, time_limit=4.0, threads=2)
+    assert validate(result.schedule) == []
+    assert result.objective <= result.schedule.metrics.makespan + 1e-9

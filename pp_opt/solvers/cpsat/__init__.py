@@ -183,10 +183,13 @@ def _pinned(
 ) -> Found | None:
     """The fastest order's copies placed window by window (:mod:`.pinned`), as a result of
     the full model's units; None where it does not apply or found nothing."""
-    if not pins_copies(problem):
+    # The windows are models of the problem's own DAG: an order of the other backward
+    # (a classic schedule's fused BW on a split problem) has no place in them.
+    same = [s for s in tried if s.variant.split_backward == problem.split_backward]
+    if not same or not pins_copies(problem):
         return None
     until = started + PINNED_SHARE * options.time_limit
-    ops = pinned_copies(problem, tried[0], options, until=until, search=search)
+    ops = pinned_copies(problem, same[0], options, until=until, search=search)
     if ops is None:
         return None
     scale = choose_scaling(problem, options.offload_fractions).time
