@@ -59,12 +59,13 @@ __all__ = ["DESCRIPTIONS", "GENERATORS", "PYTORCH_SCHEDULES"]
 
 
 def pytorch_gpipe(problem: Problem) -> Order:
-    """``ScheduleGPipe``: the order of :func:`pp_opt.orders.classic.gpipe`."""
+    """``ScheduleGPipe``: the order of :func:`pp_opt.orders.patterns.classic.gpipe`."""
     return gpipe(problem)
 
 
 def pytorch_1f1b(problem: Problem) -> Order:
-    """``Schedule1F1B``: the order of :func:`pp_opt.orders.classic.one_f_one_b`; ``m >= p``."""
+    """``Schedule1F1B``: the order of :func:`pp_opt.orders.patterns.classic.one_f_one_b`;
+    ``m >= p``."""
     if problem.m < problem.p:
         raise ProblemError(
             "m",
@@ -173,7 +174,7 @@ def pytorch_looped_bfs(problem: Problem) -> Order:
 
 
 def pytorch_zbv(problem: Problem) -> Order:
-    """``ScheduleZBVZeroBubble``: the order of :func:`pp_opt.orders.vshape.zb_v`."""
+    """``ScheduleZBVZeroBubble``: the order of :func:`pp_opt.orders.patterns.vshape.zb_v`."""
     return zb_v(problem)
 
 

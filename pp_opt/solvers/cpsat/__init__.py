@@ -46,7 +46,7 @@ def solve_cpsat(problem: Problem, dag: nx.DiGraph, options: SolveOptions) -> Bac
     returned carry those rounded times divided back, and the API re-times their
     order with the exact durations. The search is deterministic for a given seed
     and thread count (``interleave_search``) unless the time limit cuts it short.
-    A signal (:mod:`pp_opt.solvers.interrupt`) or a progress callback that raises
+    A signal (:mod:`pp_opt.solvers.process.stop`) or a progress callback that raises
     ends the search early with its best schedule; the callback's error never
     reaches OR-Tools.
     """
@@ -234,7 +234,7 @@ def _search(
     # with a hint that the model rejects, e.g. a warm start exactly at the printed minimum
     # cap that the model's memory rounding puts just over it: _drop_rejected_hint finds
     # such a hint first (presolve with the hint fixed, milliseconds) and drops it. Any other
-    # native abort costs only this backend's answer (pp_opt.solvers.isolation).
+    # native abort costs only this backend's answer (pp_opt.solvers.process.isolation).
     params.interleave_search = interleave
     if built.sequence_memory:
         # Memory over the op sequence is linear in the order literals: with them in the LP,

@@ -1,8 +1,8 @@
 """Copies for a given compute order: the full model with every device's compute order fixed.
 
 Where only offload meets a cap, a good schedule is usually a compute order made for a
-larger cap (a rule schedule at a raised room, :func:`pp_opt.orders.offload_warm.raised`)
-with copies in its gaps. The greedy placement of :mod:`pp_opt.orders.offload_links`
+larger cap (a rule schedule at a raised room, :func:`pp_opt.orders.offload.offload_warm.raised`)
+with copies in its gaps. The greedy placement of :mod:`pp_opt.orders.offload.offload_links`
 chooses those copies one event at a time and loses much of the order's speed on shared
 host links (the ``v`` offload instance of ``bench_solvers.py --parts exact``: V-Half's
 order at 1.5 times the room runs in 36.16 without copies, and in 41.57 with the greedy

@@ -24,7 +24,7 @@ microbatches do not run among them.
 
 On that family (p 4, cap 2, copies of 0.8 on shared host links) this keeps the steady
 state at the uncapped order's rate: m 32 in 91.21 against 90.16 for the order without
-caps, where the greedy copies of :mod:`pp_opt.orders.offload_links` give 100.57.
+caps, where the greedy copies of :mod:`pp_opt.orders.offload.offload_links` give 100.57.
 """
 
 from __future__ import annotations

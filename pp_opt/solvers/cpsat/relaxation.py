@@ -85,7 +85,7 @@ def device_relaxation_bound(
     ``upper`` (a known schedule's objective) caps each relaxation's objective: a
     relaxation that cannot beat it bounds the problem by ``upper``. Each device gets an
     equal share of what is left of ``time_limit``; the device bounds stop once one
-    reaches ``upper``, or when ``search`` (:mod:`pp_opt.solvers.interrupt`) is stopped.
+    reaches ``upper``, or when ``search`` (:mod:`pp_opt.solvers.process.stop`) is stopped.
     """
     if problem.offload or problem.recompute:
         return None

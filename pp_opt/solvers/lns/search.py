@@ -126,7 +126,7 @@ def improve(
     """The best schedule found from ``schedule`` by ``deadline`` (``time.perf_counter()``).
 
     ``schedule`` must be valid; so is every schedule this returns. ``search``
-    (:mod:`pp_opt.solvers.interrupt`) ends it early when asked to stop. After two full
+    (:mod:`pp_opt.solvers.process.stop`) ends it early when asked to stop. After two full
     sweeps without a gain (a local optimum for these windows) the search restarts at a
     random offset with a random window size and a longer ``step_limit`` (times
     :data:`STEP_LIMIT_GROWTH`), so the whole time to ``deadline`` is used; with
