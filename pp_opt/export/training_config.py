@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pp_opt.errors import ProblemError
+from pp_opt.profiler.layer_split import even_split
 
 _RECOMPUTE_FLAGS = ("--recompute-granularity", "full", "--recompute-method", "uniform",
                     "--recompute-num-layers", "1")  # fmt: skip
@@ -102,12 +103,13 @@ def megatron_default_layers(n_layers: int, stages: int) -> list[int]:
     """Megatron-LM's split without split flags: the same number of layers on every stage."""
     positive_int("n_layers", n_layers)
     positive_int("stages", stages)
-    if n_layers % stages:
+    split = even_split(n_layers, stages)
+    if split is None:
         raise ProblemError(
             "stages", f"Megatron-LM splits {n_layers} layers evenly only over a divisor of "
             f"{n_layers}, not {stages} stages; give the split (first/last flags or a layout)"
         )  # fmt: skip
-    return [n_layers // stages] * stages
+    return list(split)
 
 
 # ---------------------------------------------------------------- Megatron-LM
