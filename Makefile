@@ -53,8 +53,12 @@ demo: venv
 	$(BIN)/pp-opt validate $(OUT)/plan-best.json
 	@echo "demo outputs in $(OUT)/"
 
+# Two test workers (pytest-xdist), one per core of CI's 2; a module stays on one worker, so
+# its module fixtures run once. TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
+
 test: venv torchtitan-venv
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 lint: venv
 	$(BIN)/ruff check pp_opt tests scripts examples

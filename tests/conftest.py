@@ -19,6 +19,25 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
 
+def _weight(item: pytest.Item) -> int:
+    if item.get_closest_marker("torchtitan"):
+        return 0
+    return 1 if item.get_closest_marker("slow") else 2
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``pytest -n`` (``make test``), the modules of the longest tests go to the
+    workers first, so that none of them is left to run alone at the end; a module keeps
+    its own order, and a run without workers keeps the file order."""
+    if not getattr(config.option, "numprocesses", None):
+        return
+    weight: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        weight[module] = min(weight.get(module, 2), _weight(item))
+    items.sort(key=lambda item: weight[item.nodeid.split("::")[0]])
+
+
 @pytest.fixture
 def small_problem() -> Problem:
     """p = 4, m = 8, unit costs, cap 2p activations."""
