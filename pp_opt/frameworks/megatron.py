@@ -68,3 +68,12 @@ MEGATRON_FLAGS: dict[str, MegatronFlag] = {
     )
 }  # fmt: skip
 """Every flag :func:`pp_opt.export.training_config.megatron_flags` prints."""
+
+
+def pipeline_schedule(v: int) -> str:
+    """PyTorch's name of the order Megatron-LM runs ``v`` model chunks per rank with:
+    ``get_forward_backward_func`` (``megatron/core/pipeline_parallel/schedules.py``) picks
+    ``forward_backward_pipelining_with_interleaving`` (interleaved 1F1B) when a virtual
+    pipeline size is set, ``forward_backward_pipelining_without_interleaving`` (1F1B)
+    otherwise."""
+    return "1F1B" if v == 1 else "Interleaved1F1B"

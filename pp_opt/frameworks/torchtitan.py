@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pp_opt.errors import ProblemError
+from pp_opt.frameworks.pytorch import schedule_name
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -81,6 +82,31 @@ BASE_CONFIGS = {
 }
 """torchtitan's own config function of each bundled model card that has one
 (``models/llama3/config_registry.py``: 32, 80 and 126 layers, as the cards)."""
+
+DEFAULT_SCHEDULE = "1F1B"
+"""``parallelism.pipeline_parallel_schedule`` when not given (``config/configs.py:216`` at
+b5bcd76c): one stage per rank."""
+
+INTERLEAVED_SCHEDULE = "Interleaved1F1B"
+"""The schedule a user names to run more than one stage per rank (the default runs one)."""
+
+MULTI_STAGE_STAGES_PER_RANK = 2
+"""Stages per rank of a multi-stage schedule when ``pipeline_parallel_layers_per_stage`` is
+not given (``distributed/pipeline_parallel.py:260-262`` at b5bcd76c); one for a
+single-stage schedule."""
+
+
+def default_stages_per_rank(schedule: str) -> int:
+    """The stages per rank (pp_opt's ``v``) torchtitan builds for PyTorch's ``schedule``."""
+    single = schedule_name(schedule).stages_per_rank == "one"
+    return 1 if single else MULTI_STAGE_STAGES_PER_RANK
+
+
+def default_schedule(v: int) -> str:
+    """The schedule a torchtitan user runs ``v`` stages per rank with: the default for one,
+    :data:`INTERLEAVED_SCHEDULE` for more."""
+    return DEFAULT_SCHEDULE if v == 1 else INTERLEAVED_SCHEDULE
+
 
 DEBUG_CONFIG = "torchtitan.models.llama3.config_registry:llama3_debugmodel"
 """torchtitan's 6-layer llama3 debug model (what the end-to-end test trains)."""

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from pp_opt.arguments import integer
 from pp_opt.errors import ProblemError
 from pp_opt.job import Job
 from pp_opt.profiler.cards import DTYPE_BYTES, HardwareCard, ModelCard
@@ -279,15 +280,7 @@ def measure_profile(
     """
     require_torch()
     layout = analytic.job
-    if layout.tp != 1:
-        raise ProblemError("tp", "measured profiles time a whole layer on one GPU; use tp = 1")
-    if layout.activation_checkpoint != "none":
-        raise ProblemError(
-            "recompute", "measured profiles do not recompute; use recompute = 'none'"
-        )
-    for name, value, least in (("repeats", repeats, 1), ("warmup", warmup, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ProblemError(name, f"got {value!r}; expected an integer >= {least}")
+    _check_measurable(layout, repeats=repeats, warmup=warmup)
     from pp_opt.profiler.torch.model import TORCH_DTYPES
     from pp_opt.profiler.torch.stage_ops import copy_times
     from pp_opt.profiler.torch.stage_profile import (
@@ -342,6 +335,18 @@ def measure_profile(
         environment=env,
         measurements=measurements,
     )
+
+
+def _check_measurable(layout: Job, *, repeats: int, warmup: int) -> None:
+    """What a measured profile can time: a whole layer on one GPU, no recompute."""
+    if layout.tp != 1:
+        raise ProblemError("tp", "measured profiles time a whole layer on one GPU; use tp = 1")
+    if layout.activation_checkpoint != "none":
+        raise ProblemError(
+            "recompute", "measured profiles do not recompute; use recompute = 'none'"
+        )
+    integer("repeats", repeats, low=1)
+    integer("warmup", warmup, low=0)
 
 
 TIMING_KEYS = {"t_f": "f", "t_b": "i", "t_w": "w", "t_bw": "b"}
