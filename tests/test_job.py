@@ -12,7 +12,7 @@ from cli_helpers import run
 
 import pp_opt
 from pp_opt.errors import ProblemError
-from pp_opt.export.training_config import torchtitan_default_layers
+from pp_opt.frameworks.torchtitan import default_layers as torchtitan_default_layers
 from pp_opt.job import Job, microbatch_count
 from pp_opt.planner.config import Candidate, PlanInputs
 from pp_opt.planner.predict import prediction_job
@@ -131,7 +131,7 @@ def test_a_pytorch_schedule_gets_torchtitans_stages_per_rank_and_split() -> None
     assert _pinned("1F1B").v == 1 and _pinned("1F1B").microbatches == 8
     looped = _pinned("Interleaved1F1B")
     assert (looped.v, looped.placement) == (2, "loop")
-    assert list(looped.layers) == torchtitan_default_layers(32, 8)
+    assert looped.layers == torchtitan_default_layers(32, 8)
     assert _pinned("ZBVZeroBubble", placement="v").v == 2
     assert _pinned("pp_opt").v == 1 and _pinned("pp_opt", placement="v").v == 2
     for schedule, placement in (("ZBVZeroBubble", "loop"), ("1F1B", "v")):

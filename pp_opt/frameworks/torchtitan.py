@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pp_opt.arguments import integer
 from pp_opt.errors import ProblemError
 from pp_opt.frameworks.pytorch import schedule_name
 
@@ -161,3 +162,32 @@ def module_fqns(facts: TorchtitanRelease, layers: list[int]) -> list[list[str]]:
     parts[0].insert(0, facts.embedding)
     parts[-1] += list(facts.final_modules)
     return parts
+
+
+def default_layers(
+    n_layers: int, stages: int, *, input_weight: int = 1, output_weight: int = 1
+) -> tuple[int, ...]:
+    """The split torchtitan makes when not given one (``_generate_llm_fqn_per_model_part``,
+    ``distributed/pipeline_parallel.py:357`` at b5bcd76c).
+
+    The embedding counts as ``input_weight`` layers on the first stage and the norm and
+    output layer as ``output_weight`` on the last (torchtitan's
+    ``pipeline_parallel_first/last_stage_less_layers``, 1 each by default); the
+    ``n_layers + input_weight + output_weight`` units are spread evenly, the remainder to
+    the first stages. 32 layers on 4 stages: ``(8, 9, 8, 7)``.
+    """
+    integer("n_layers", n_layers, low=1)
+    integer("stages", stages, low=1)
+    if stages == 1:
+        return (n_layers,)
+    units = n_layers + input_weight + output_weight
+    per, extra = divmod(units, stages)
+    if per < max(1, input_weight, output_weight):
+        raise ProblemError(
+            "stages", f"{stages} stages for {n_layers} layers leave a stage empty in "
+            "torchtitan's split; use fewer stages"
+        )  # fmt: skip
+    counts = [per + (1 if s < extra else 0) for s in range(stages)]
+    counts[0] -= input_weight
+    counts[-1] -= output_weight
+    return tuple(counts)

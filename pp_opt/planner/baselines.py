@@ -13,26 +13,16 @@ order, so that the gain of the split and the gain of the order show apart.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
-from pp_opt.export.training_config import torchtitan_default_layers
+from pp_opt.errors import ProblemError
 from pp_opt.frameworks import megatron
 from pp_opt.frameworks import torchtitan as titan
 from pp_opt.job import Job
 from pp_opt.planner.config import Candidate
 from pp_opt.problem import Problem
-from pp_opt.profiler import layer_split
 from pp_opt.schedule import Schedule
-
-
-def torchtitan_split(layers: int, stages: int) -> tuple[int, ...]:
-    """torchtitan's default split, as a tuple (:mod:`pp_opt.export.training_config`)."""
-    return tuple(torchtitan_default_layers(layers, stages))
-
-
-def even_split(layers: int, stages: int) -> tuple[int, ...] | None:
-    """Megatron-LM's even split, None when the stages do not divide the layers."""
-    return layer_split.even_split(layers, stages)
 
 
 def run_baseline(name: str, problem: Problem) -> Schedule:
@@ -54,15 +44,15 @@ def baseline_candidates(best: Candidate, layers: int) -> list[tuple[str, str, Ca
     plain = best.job
     out: list[tuple[str, str, Candidate]] = []
     one = replace(plain, v=1, placement="loop", layers=())
-    split = torchtitan_split(layers, one.stages)
+    split = titan.default_layers(layers, one.stages)
     out.append(("torchtitan", titan.default_schedule(1), _candidate(one, split)))
     chunks = titan.default_stages_per_rank(titan.INTERLEAVED_SCHEDULE)
     looped = replace(plain, v=chunks, placement="loop", layers=())
     if plain.pp > 1 and looped.stages <= layers:
-        split = torchtitan_split(layers, looped.stages)
+        split = titan.default_layers(layers, looped.stages)
         out.append(("torchtitan", titan.default_schedule(chunks), _candidate(looped, split)))
-        even = even_split(layers, looped.stages)
-        if even is not None:
+        with contextlib.suppress(ProblemError):  # Megatron-LM refuses an uneven split
+            even = megatron.default_layers(layers, looped.stages)
             schedule = megatron.pipeline_schedule(chunks)
             out.append(("megatron", schedule, _candidate(looped, even)))
     return out

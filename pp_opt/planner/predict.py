@@ -14,9 +14,8 @@ from typing import Any
 from pp_opt.arguments import choice, flag, integer, number, of_type
 from pp_opt.errors import ProblemError
 from pp_opt.frameworks.pytorch import PYTORCH_SCHEDULES, check_schedule_fits
-from pp_opt.frameworks.torchtitan import default_stages_per_rank
+from pp_opt.frameworks.torchtitan import default_layers, default_stages_per_rank
 from pp_opt.job import Job, microbatch_count
-from pp_opt.planner.baselines import torchtitan_split
 from pp_opt.planner.config import Candidate, PlanInputs
 from pp_opt.planner.evaluate import SOLVED, EvaluationTask, Scored, evaluate
 from pp_opt.profiler.cards import HardwareCard, ModelCard, load_hardware_card, load_model_card
@@ -124,7 +123,7 @@ def prediction_job(
         except ProblemError as err:
             raise ProblemError("schedule", err.message) from None
         if not job.layers:
-            job = job.with_layers(torchtitan_split(card.layers, job.stages))
+            job = job.with_layers(default_layers(card.layers, job.stages))
     return job_for_card(card, job)
 
 
