@@ -92,7 +92,7 @@ def plan(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from pp_opt.profiler.torch_model import make_batch
+    from pp_opt.profiler.torch.model import make_batch
     from pp_opt.runtime.timed_run import (
         build_decoder_pipeline,
         gather_step_times,

@@ -22,6 +22,17 @@ ACTIVATION_CHECKPOINT_MODES = ("none", "selective", "selective_op", "full")
 and re-runs its forward in B (:mod:`pp_opt.profiler.checkpointing`)."""
 
 
+def microbatch_count(*, global_batch: int, dp: int, mbs: int) -> int:
+    """Microbatches per pipeline and step (``m``): the global batch split over ``dp``
+    replicas into microbatches of ``mbs`` sequences, which must come out whole."""
+    if global_batch % (dp * mbs):
+        raise ProblemError(
+            "global_batch", f"{global_batch} sequences do not split into whole microbatches "
+            f"over dp {dp} x mbs {mbs}; use a multiple of dp x mbs = {dp * mbs}"
+        )  # fmt: skip
+    return global_batch // (dp * mbs)
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Job:
     """The parallel layout and training settings of one configuration of a training job."""

@@ -182,16 +182,19 @@ def _host_links(value: Any) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(_typed("host_links", d, int) for d in g) for g in value)
 
 
+def stage_row(st: Stage) -> dict[str, Any]:
+    """One stage of a problem or cost profile file (``t_bw`` only when the stage has one)."""
+    row: dict[str, Any] = {"device": st.device, "t_f": st.t_f, "t_b": st.t_b, "t_w": st.t_w}
+    if st.t_bw is not None:
+        row["t_bw"] = st.t_bw
+    row.update(m_b=st.m_b, m_w=st.m_w, m_in=st.m_in)
+    row.update(t_offload=st.t_offload, t_reload=st.t_reload)
+    return row
+
+
 def problem_to_dict(problem: Problem) -> dict[str, Any]:
     """The JSON form of DESIGN.md §5 (the ``problem`` object of a schedule)."""
-    stages = []
-    for st in problem.stages:
-        row: dict[str, Any] = {"device": st.device, "t_f": st.t_f, "t_b": st.t_b, "t_w": st.t_w}
-        if st.t_bw is not None:
-            row["t_bw"] = st.t_bw
-        row.update(m_b=st.m_b, m_w=st.m_w, m_in=st.m_in)
-        row.update(t_offload=st.t_offload, t_reload=st.t_reload)
-        stages.append(row)
+    stages = [stage_row(st) for st in problem.stages]
     out: dict[str, Any] = {
         "name": problem.name,
         "p": problem.p,
@@ -274,13 +277,19 @@ def read_text(path: Path, what: str) -> str:
         ) from None  # fmt: skip
 
 
-def load_problem(path: str | Path) -> Problem:
-    """Read a problem from a TOML spec, a problem/schedule JSON, or a cost profile JSON."""
+def existing_file(path: str | Path, what: str) -> Path:
+    """``path`` as a :class:`Path` that exists, or a one-line error asking for a ``what``."""
     if not isinstance(path, str | Path):
         raise ProblemError("path", f"got {type(path).__name__}; give a file path")
     path = Path(path)
     if not path.exists():
-        raise ProblemError("", f"{path}: no such file; give the path of a .toml or .json problem")
+        raise ProblemError("", f"{path}: no such file; give the path of a {what}")
+    return path
+
+
+def load_problem(path: str | Path) -> Problem:
+    """Read a problem from a TOML spec, a problem/schedule JSON, or a cost profile JSON."""
+    path = existing_file(path, "problem .toml or .json")
     text = read_text(path, "problem .toml or .json")
     if path.suffix == ".toml":
         try:

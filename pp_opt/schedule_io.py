@@ -15,7 +15,7 @@ from pp_opt.arguments import a_schedule, flag, of_type
 from pp_opt.errors import ProblemError
 from pp_opt.ops import OpKind, Stream
 from pp_opt.order import Variant
-from pp_opt.problem_io import problem_from_dict, problem_to_dict, read_text
+from pp_opt.problem_io import existing_file, problem_from_dict, problem_to_dict, read_text
 from pp_opt.schedule import Metrics, Schedule, ScheduledOp, SolverInfo, Status
 
 FORMAT = "pp-opt.schedule"
@@ -268,11 +268,7 @@ def loads_schedule(text: str) -> Schedule:
 
 
 def load_schedule(path: str | Path) -> Schedule:
-    if not isinstance(path, str | Path):
-        raise ProblemError("path", f"got {type(path).__name__}; give a file path")
-    path = Path(path)
-    if not path.exists():
-        raise ProblemError("", f"{path}: no such file; give the path of a schedule JSON")
+    path = existing_file(path, "schedule JSON")
     try:
         return loads_schedule(read_text(path, "schedule JSON"))
     except ProblemError as err:

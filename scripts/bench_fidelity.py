@@ -42,7 +42,7 @@ from pp_opt.problem_io import problem_from_costs
 from pp_opt.profiler import profile_costs
 from pp_opt.profiler.cards import model_card_from_dict
 from pp_opt.profiler.costs import costs_table
-from pp_opt.profiler.machine_load import LoadMonitor, describe
+from pp_opt.profiler.torch.machine_load import LoadMonitor, describe
 from pp_opt.runtime.plans import OFFLOAD_SUFFIX, plan_schedules, with_measured_times, with_offload
 from pp_opt.schedule_io import dumps_schedule, loads_schedule
 
@@ -98,7 +98,7 @@ def card_of(args: argparse.Namespace) -> Any:
 
 def worker(rank: int, world: int, port: int, job: dict[str, Any], out: str) -> None:
     """One pipeline rank: run every schedule in interleaved rounds; rank 0 writes the times."""
-    from pp_opt.profiler.torch_model import make_batch
+    from pp_opt.profiler.torch.model import make_batch
     from pp_opt.runtime.timed_run import compare_schedules
 
     torch.set_num_threads(job["threads"])

@@ -85,7 +85,7 @@ def print_analytic(rows: list[dict[str, Any]]) -> None:
 def measured_rows(repeats: int) -> list[dict[str, Any]]:
     import torch
 
-    from pp_opt.profiler.measured import measure_layers
+    from pp_opt.profiler.torch.measured import measure_layers
 
     if torch.cuda.is_available():
         hw = load_hardware_card(_hardware_for(torch.cuda.get_device_name()))

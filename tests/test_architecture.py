@@ -126,20 +126,47 @@ def test_nothing_below_the_planner_imports_it() -> None:
         assert bad == [], f"{name} imports the planner: {bad}"
 
 
-PURE_PROFILER = ("analytic", "cards", "comm", "costs", "formulas", "layer_split", "__init__")
-"""The profiler modules that state the cost model; the PyTorch ones sit beside them."""
+PROFILER = PACKAGE / "profiler"
+TORCH_WING = PROFILER / "torch"
+"""The PyTorch wing of the profiler (model blocks, measurement); the rest states the cost
+model and runs without torch."""
+
+
+def _pure_profiler() -> list[Path]:
+    return sorted(p for p in PROFILER.rglob("*.py") if TORCH_WING not in p.parents)
+
+
+def _imported_names(node: ast.AST) -> list[str]:
+    """The absolute module names an ``import`` node names (relative ones left out)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom) and not node.level:
+        base = node.module or ""
+        return [base] + [f"{base}.{alias.name}" for alias in node.names]
+    return []
 
 
 def test_the_pure_profiler_does_not_import_torch() -> None:
-    for stem in PURE_PROFILER:
-        tree = ast.parse((PACKAGE / "profiler" / f"{stem}.py").read_text())
+    pure = _pure_profiler()
+    assert {p.stem for p in pure} >= {"__init__", "analytic", "cards", "costs", "formulas"}
+    wing = _module_name(TORCH_WING)
+    for path in pure:
+        tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and not node.level:
-                names = [node.module or ""]
-            assert not any(n == "torch" or n.startswith("torch.") for n in names), stem
+            names = _imported_names(node)
+            assert not any(n == "torch" or n.startswith("torch.") for n in names), path.name
+        for node in tree.body:  # the wing only lazily, inside a function
+            names = _imported_names(node)
+            assert not any(n == wing or n.startswith(wing + ".") for n in names), path.name
+
+
+def test_importing_the_pure_profiler_loads_no_torch() -> None:
+    modules = [_module_name(p) for p in _pure_profiler()]
+    code = f"import sys, importlib; [importlib.import_module(m) for m in {modules!r}]; " + (
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def _reads_profile_costs(node: ast.AST) -> bool:

@@ -12,7 +12,8 @@ from cli_helpers import run
 
 import pp_opt
 from pp_opt.errors import ProblemError
-from pp_opt.job import Job
+from pp_opt.frameworks.torchtitan import default_layers as torchtitan_default_layers
+from pp_opt.job import Job, microbatch_count
 from pp_opt.planner.config import Candidate, PlanInputs
 from pp_opt.planner.predict import prediction_job
 from pp_opt.planner.problems import candidate_problem, candidate_profile
@@ -108,3 +109,32 @@ def test_the_readme_names_are_exported() -> None:
         assert name in pp_opt.__all__ and getattr(pp_opt, name) is not None
     # the function pp_opt.plan no longer hides the planner package
     assert importlib.import_module("pp_opt.planner.config").Candidate is pp_opt.Candidate
+
+
+def test_the_microbatch_count_is_whole_or_names_the_batch() -> None:
+    assert microbatch_count(global_batch=32, dp=4, mbs=2) == 4
+    with pytest.raises(ProblemError) as err:
+        microbatch_count(global_batch=30, dp=4, mbs=2)
+    assert err.value.field == "global_batch" and "multiple of dp x mbs = 8" in str(err.value)
+
+
+def _pinned(schedule: str, placement: str = "loop", v: int | None = None) -> Job:
+    card = load_model_card("llama2-7b")
+    return prediction_job(
+        card, gpus=4, global_batch=16, seq=2048, tp=1, pp=4, cp=1, dp_shard=1, dp_replicate=1,
+        mbs=2, schedule=schedule, v=v, placement=placement, layers=None, ac="none",
+        fp8=False, compile=False, async_tp=False, fp8_all_gather=None,
+    )  # fmt: skip
+
+
+def test_a_pytorch_schedule_gets_torchtitans_stages_per_rank_and_split() -> None:
+    assert _pinned("1F1B").v == 1 and _pinned("1F1B").microbatches == 8
+    looped = _pinned("Interleaved1F1B")
+    assert (looped.v, looped.placement) == (2, "loop")
+    assert looped.layers == torchtitan_default_layers(32, 8)
+    assert _pinned("ZBVZeroBubble", placement="v").v == 2
+    assert _pinned("pp_opt").v == 1 and _pinned("pp_opt", placement="v").v == 2
+    for schedule, placement in (("ZBVZeroBubble", "loop"), ("1F1B", "v")):
+        with pytest.raises(ProblemError) as err:
+            _pinned(schedule, placement)
+        assert err.value.field == "schedule" and "placement" in str(err.value)

@@ -9,7 +9,7 @@ import pytest
 from test_plan import TINY as TINY_CARD
 
 from pp_opt.job import Job
-from pp_opt.planner.baselines import baseline_candidates, even_split, torchtitan_split
+from pp_opt.planner.baselines import baseline_candidates
 from pp_opt.planner.candidates import config_splits
 from pp_opt.planner.config import Candidate, Pins, PlanInputs
 from pp_opt.planner.space import enumerate_configs
@@ -206,16 +206,15 @@ def test_in_flight_counts_of_the_classic_schedules() -> None:
 
 
 def test_torchtitan_and_megatron_splits() -> None:
-    assert torchtitan_split(32, 4) == (8, 9, 8, 7)
-    assert torchtitan_split(22, 4) == (5, 6, 6, 5)
-    assert torchtitan_split(32, 8) == (4, 5, 4, 4, 4, 4, 4, 3)
-    assert even_split(32, 8) == (4,) * 8 and even_split(22, 8) is None
-    names = [(label, order) for label, order, _ in baseline_candidates(_candidate(pp=4), 32)]
+    found = baseline_candidates(_candidate(pp=4), 32)
+    names = [(label, order, c.job.v, c.job.layers) for label, order, c in found]
     assert names == [
-        ("torchtitan", "1F1B"),
-        ("torchtitan", "Interleaved1F1B"),
-        ("megatron", "Interleaved1F1B"),
+        ("torchtitan", "1F1B", 1, (8, 9, 8, 7)),
+        ("torchtitan", "Interleaved1F1B", 2, (4, 5, 4, 4, 4, 4, 4, 3)),
+        ("megatron", "Interleaved1F1B", 2, (4,) * 8),
     ]
+    uneven = [(label, c.job.layers) for label, _, c in baseline_candidates(_candidate(pp=4), 22)]
+    assert uneven == [("torchtitan", (5, 6, 6, 5)), ("torchtitan", (2, 3, 3, 3, 3, 3, 3, 2))]
 
 
 # --- step time ---------------------------------------------------------------------------------

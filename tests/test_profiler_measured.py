@@ -10,7 +10,8 @@ from pp_opt.profiler.formulas import LayerShape, layer_activation_bytes
 
 torch = pytest.importorskip("torch", reason="measured profiles need PyTorch (the torch extra)")
 
-from pp_opt.profiler import measured, profile_costs  # noqa: E402
+from pp_opt.profiler import profile_costs  # noqa: E402
+from pp_opt.profiler.torch import measured  # noqa: E402
 
 SEQ, MBS = 128, 2
 

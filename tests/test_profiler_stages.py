@@ -12,8 +12,8 @@ torch = pytest.importorskip("torch", reason="measured profiles need PyTorch (the
 from torch.distributed.pipelining import _backward  # noqa: E402
 
 from pp_opt.profiler import profile_costs  # noqa: E402
-from pp_opt.profiler.stage_ops import saved_bytes  # noqa: E402
-from pp_opt.profiler.stage_profile import stage_runner, time_stages  # noqa: E402
+from pp_opt.profiler.torch.stage_ops import saved_bytes  # noqa: E402
+from pp_opt.profiler.torch.stage_profile import stage_runner, time_stages  # noqa: E402
 
 CPU = torch.device("cpu")
 TINY = dict(layers=2, hidden=32, heads=2, vocab=64, seq=16, dtype="fp32")

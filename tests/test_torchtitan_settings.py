@@ -236,3 +236,25 @@ def test_export_fused_backward_says_what_it_costs(
     code, _, err = run(["export", str(tmp_path / "s.json"), "--format", "trace",
                         "--fused-backward", "-o", str(tmp_path / "t.json")], capsys)  # fmt: skip
     assert code != 0 and "fused_backward" in err.replace("-", "_")
+
+
+def test_framework_defaults_come_from_the_schedule_facts() -> None:
+    from pp_opt.frameworks import megatron, pytorch, torchtitan
+
+    assert pytorch.INTERLEAVED_SCHEDULES == (
+        "Interleaved1F1B",
+        "LoopedBFS",
+        "InterleavedZeroBubble",
+    )
+    assert pytorch.V_SCHEDULES == ("ZBVZeroBubble", "DualPipeV")
+    per_rank = {
+        name: torchtitan.default_stages_per_rank(name) for name in pytorch.PYTORCH_SCHEDULES
+    }
+    assert {name for name, v in per_rank.items() if v == 1} == {"GPipe", "1F1B"}
+    assert set(per_rank.values()) == {1, 2}
+    assert torchtitan.default_schedule(1) == torchtitan.DEFAULT_SCHEDULE == "1F1B"
+    for v in (1, 2, 4):
+        assert megatron.pipeline_schedule(v) == torchtitan.default_schedule(v)
+        fits = pytorch.check_schedule_fits(torchtitan.default_schedule(v), placement="loop", v=v,
+                                           with_csv=False)  # fmt: skip
+        assert fits.runs_itself

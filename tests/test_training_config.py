@@ -156,14 +156,16 @@ def test_torchtitan_bad_input_names_the_field(changes: dict[str, Any], field: st
 
 
 def test_default_splits() -> None:
-    from pp_opt.export.training_config import megatron_default_layers, torchtitan_default_layers
+    from pp_opt.frameworks.megatron import default_layers as megatron_default_layers
+    from pp_opt.frameworks.torchtitan import default_layers as torchtitan_default_layers
 
-    assert torchtitan_default_layers(32, 4) == [8, 9, 8, 7]  # the example
-    assert torchtitan_default_layers(126, 16) == [7] + [8] * 14 + [7]
-    assert torchtitan_default_layers(32, 8) == [4, 5, 4, 4, 4, 4, 4, 3]
-    assert torchtitan_default_layers(32, 1) == [32]
+    assert torchtitan_default_layers(32, 4) == (8, 9, 8, 7)  # the example
+    assert torchtitan_default_layers(126, 16) == (7,) + (8,) * 14 + (7,)
+    assert torchtitan_default_layers(32, 8) == (4, 5, 4, 4, 4, 4, 4, 3)
+    assert torchtitan_default_layers(22, 4) == (5, 6, 6, 5)
+    assert torchtitan_default_layers(32, 1) == (32,)
     assert sum(torchtitan_default_layers(80, 10)) == 80
-    assert megatron_default_layers(32, 4) == [8] * 4
+    assert megatron_default_layers(32, 4) == (8,) * 4
     with pytest.raises(ProblemError) as err:
         megatron_default_layers(126, 16)
     assert err.value.field == "stages"

@@ -250,7 +250,7 @@ def decoder_worker(rank: int, world: int, port: int, job_path: str, out_dir: str
     import torch.distributed as dist
 
     from pp_opt.profiler.cards import model_card_from_dict
-    from pp_opt.profiler.torch_model import make_batch
+    from pp_opt.profiler.torch.model import make_batch
     from pp_opt.runtime.timed_run import compare_schedules
     from pp_opt.schedule_io import loads_schedule
 
@@ -283,7 +283,7 @@ def decoder_grad_error(schedule: Schedule, card, batch, rank: int) -> float:
     run without pipelining (mean loss over the microbatches)."""
     import torch
 
-    from pp_opt.profiler.torch_model import lm_loss, make_stage
+    from pp_opt.profiler.torch.model import lm_loss, make_stage
     from pp_opt.runtime.timed_run import build_decoder_pipeline, stage_layers
 
     problem = schedule.problem

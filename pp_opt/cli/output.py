@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import sys
+from pathlib import Path
+from typing import Any
 
 import typer
+
+from pp_opt.atomic import write_text
 
 _closed = [False]
 _failed: list[OSError] = []
@@ -34,6 +39,16 @@ def say(text: str = "", *, err: bool = False) -> None:
         if error.errno != errno.EPIPE:
             _failed.append(error)
         silence_stdout()
+
+
+def show_and_write(table: str, data: dict[str, Any], output: Path | None) -> None:
+    """Write ``data`` to ``output`` as its JSON file (when given), show ``table``, then say
+    where the file went (the file first: a closed stdout does not lose it)."""
+    if output is not None:
+        write_text(output, json.dumps(data, indent=1) + "\n")
+    say(table)
+    if output is not None:
+        say(f"wrote {output}")
 
 
 def flush_stdout() -> None:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
-from pp_opt.atomic import check_writable, write_text
+from pp_opt.atomic import check_writable
 from pp_opt.cli.common import LayersOption, layers_per_stage
-from pp_opt.cli.output import say
+from pp_opt.cli.output import show_and_write
 
 if TYPE_CHECKING:
     from pp_opt.planner.predict import Prediction
@@ -55,12 +54,7 @@ def predict(
         v=v, placement=placement, layers=None if split is None else tuple(split), ac=ac,
         fp8=fp8, compile=compile, async_tp=async_tp, time_limit=time_limit,
     )  # fmt: skip
-    data = got.to_dict()
-    if output is not None:
-        write_text(output, json.dumps(data, indent=1) + "\n")
-    say(prediction_table(got))
-    if output is not None:
-        say(f"wrote {output}")
+    show_and_write(prediction_table(got), got.to_dict(), output)
 
 
 def prediction_table(got: Prediction) -> str:

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
-from pp_opt.atomic import check_writable, write_text
+from pp_opt.atomic import check_writable
 from pp_opt.cli.common import LayersOption, VppAlias, chunks_per_device, layers_per_stage
-from pp_opt.cli.output import say
+from pp_opt.cli.output import say, show_and_write
 
 
 def profile(
@@ -62,11 +61,7 @@ def profile(
         dp_replicate=dp_replicate, cp=cp, fp8=fp8, compile=compile, async_tp=async_tp,
     )  # fmt: skip
     data = profile.to_dict()
-    if output is not None:
-        write_text(output, json.dumps(data, indent=1) + "\n")
-    say(costs_table(data))
-    if output is not None:
-        say(f"wrote {output}")
+    show_and_write(costs_table(data), data, output)
 
 
 def models() -> None:

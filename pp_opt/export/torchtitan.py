@@ -19,6 +19,7 @@ from pp_opt.errors import ProblemError
 from pp_opt.export.training_config import check_shape, positive_int
 from pp_opt.frameworks import torchtitan as facts
 from pp_opt.frameworks.pytorch import check_schedule_fits, csv_schedule_name
+from pp_opt.job import microbatch_count
 
 CONFIG_FUNCTION = "pp_opt_plan"
 """The name of the function :func:`torchtitan_config_file` writes."""
@@ -102,12 +103,7 @@ def _microbatches(*, mbs: int, dp: int, global_batch: int | None) -> int | None:
     if global_batch is None:
         return None
     positive_int("global_batch", global_batch)
-    if global_batch % (dp * mbs):
-        raise ProblemError(
-            "global_batch", f"{global_batch} is not a multiple of dp x mbs = {dp * mbs}; "
-            "torchtitan needs whole microbatches on every replica"
-        )  # fmt: skip
-    return global_batch // (dp * mbs)
+    return microbatch_count(global_batch=global_batch, dp=dp, mbs=mbs)
 
 
 def _batch_keys(

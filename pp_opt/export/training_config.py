@@ -15,9 +15,10 @@ and the final norm and output layer on the last stage.
   any other is ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t`` decoder
   layer, ``L`` loss, stages split by ``|``).
 
-:func:`torchtitan_default_layers` and :func:`megatron_default_layers` are the splits each
-makes when not given one. Bad input raises :class:`~pp_opt.errors.ProblemError` naming
-the argument.
+The splits each makes when not given one are framework facts
+(:func:`pp_opt.frameworks.torchtitan.default_layers`,
+:func:`pp_opt.frameworks.megatron.default_layers`). Bad input raises
+:class:`~pp_opt.errors.ProblemError` naming the argument.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pp_opt.errors import ProblemError
-from pp_opt.profiler.layer_split import even_split
 
 _RECOMPUTE_FLAGS = ("--recompute-granularity", "full", "--recompute-method", "uniform",
                     "--recompute-num-layers", "1")  # fmt: skip
@@ -66,50 +66,6 @@ def check_shape(
             "layers", f"the counts sum to {sum(counts)}; they must sum to n_layers = {n_layers}"
         )
     return counts
-
-
-# ---------------------------------------------------------------- default splits
-
-
-def torchtitan_default_layers(
-    n_layers: int, stages: int, *, input_weight: int = 1, output_weight: int = 1
-) -> list[int]:
-    """The split torchtitan makes when not given one (``generate_llm_fqn_per_model_part``).
-
-    The embedding counts as ``input_weight`` layers on the first stage and the norm and
-    output layer as ``output_weight`` on the last (torchtitan's
-    ``pipeline_parallel_first/last_stage_less_layers``, 1 each by default); the
-    ``n_layers + input_weight + output_weight`` units are spread evenly, the remainder to
-    the first stages. 32 layers on 4 stages: ``[8, 9, 8, 7]``.
-    """
-    positive_int("n_layers", n_layers)
-    positive_int("stages", stages)
-    if stages == 1:
-        return [n_layers]
-    units = n_layers + input_weight + output_weight
-    per, extra = divmod(units, stages)
-    if per < max(1, input_weight, output_weight):
-        raise ProblemError(
-            "stages", f"{stages} stages for {n_layers} layers leave a stage empty in "
-            "torchtitan's split; use fewer stages"
-        )  # fmt: skip
-    counts = [per + (1 if s < extra else 0) for s in range(stages)]
-    counts[0] -= input_weight
-    counts[-1] -= output_weight
-    return counts
-
-
-def megatron_default_layers(n_layers: int, stages: int) -> list[int]:
-    """Megatron-LM's split without split flags: the same number of layers on every stage."""
-    positive_int("n_layers", n_layers)
-    positive_int("stages", stages)
-    split = even_split(n_layers, stages)
-    if split is None:
-        raise ProblemError(
-            "stages", f"Megatron-LM splits {n_layers} layers evenly only over a divisor of "
-            f"{n_layers}, not {stages} stages; give the split (first/last flags or a layout)"
-        )  # fmt: skip
-    return list(split)
 
 
 # ---------------------------------------------------------------- Megatron-LM

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pp_opt.arguments import integer
+from pp_opt.errors import ProblemError
+from pp_opt.profiler.layer_split import even_split
+
 RELEASE = "Megatron-LM core_v0.16.1"
 """What the facts were checked against."""
 
@@ -68,3 +72,26 @@ MEGATRON_FLAGS: dict[str, MegatronFlag] = {
     )
 }  # fmt: skip
 """Every flag :func:`pp_opt.export.training_config.megatron_flags` prints."""
+
+
+def pipeline_schedule(v: int) -> str:
+    """PyTorch's name of the order Megatron-LM runs ``v`` model chunks per rank with:
+    ``get_forward_backward_func`` (``megatron/core/pipeline_parallel/schedules.py``) picks
+    ``forward_backward_pipelining_with_interleaving`` (interleaved 1F1B) when a virtual
+    pipeline size is set, ``forward_backward_pipelining_without_interleaving`` (1F1B)
+    otherwise."""
+    return "1F1B" if v == 1 else "Interleaved1F1B"
+
+
+def default_layers(n_layers: int, stages: int) -> tuple[int, ...]:
+    """Megatron-LM's split without split flags: the same number of layers on every stage
+    (:func:`pp_opt.profiler.layer_split.even_split`; it refuses layers that do not divide)."""
+    integer("n_layers", n_layers, low=1)
+    integer("stages", stages, low=1)
+    split = even_split(n_layers, stages)
+    if split is None:
+        raise ProblemError(
+            "stages", f"Megatron-LM splits {n_layers} layers evenly only over a divisor of "
+            f"{n_layers}, not {stages} stages; give the split (first/last flags or a layout)"
+        )  # fmt: skip
+    return split

@@ -58,6 +58,17 @@ SCHEDULE_NAMES: dict[str, ScheduleName] = {
 PYTORCH_SCHEDULES = tuple(s.name for s in SCHEDULE_NAMES.values() if s.runs_itself)
 """The schedules with an order of their own, in the order they are listed."""
 
+INTERLEAVED_SCHEDULES = tuple(
+    s.name
+    for s in SCHEDULE_NAMES.values()
+    if s.runs_itself and s.placement == "loop" and s.stages_per_rank == "any"
+)
+"""The looped schedules with an order of their own that run more than one stage per rank
+(``Interleaved1F1B``, ``LoopedBFS``, ``InterleavedZeroBubble``)."""
+
+V_SCHEDULES = tuple(s.name for s in SCHEDULE_NAMES.values() if s.placement == "v")
+"""The schedules torchtitan places V-style (``ZBVZeroBubble``, ``DualPipeV``)."""
+
 REFUSED_NAMES = {
     "_PipelineScheduleRuntime": "PipelineScheduleMulti (loop placement) or ZBVZeroBubble "
     "(v placement) with the CSV",
@@ -91,16 +102,16 @@ def check_schedule_fits(name: str, *, placement: str, v: int, with_csv: bool) ->
     """``name``'s facts, when it fits ``placement`` and ``v`` (and runs with or without a CSV)."""
     facts = schedule_name(name)
     if facts.placement != placement:
-        fit = "ZBVZeroBubble or DualPipeV" if placement == "v" else "a loop schedule"
+        v_names = " and ".join(V_SCHEDULES)
+        fit = " or ".join(V_SCHEDULES) if placement == "v" else "a loop schedule"
         raise ProblemError(
-            "schedule_name", f"torchtitan places stages V-style only for ZBVZeroBubble and "
-            f"DualPipeV; {name!r} does not fit placement {placement!r}: use {fit}"
+            "schedule_name", f"torchtitan places stages V-style only for {v_names}; {name!r} "
+            f"does not fit placement {placement!r}: use {fit}, or placement {facts.placement!r}"
         )  # fmt: skip
     if facts.stages_per_rank == "one" and v != 1:
         raise ProblemError(
             "schedule_name", f"{name} runs one stage per device, not v = {v}; use "
-            + ("PipelineScheduleMulti" if with_csv else
-               "Interleaved1F1B, LoopedBFS or InterleavedZeroBubble")
+            + ("PipelineScheduleMulti" if with_csv else " or ".join(INTERLEAVED_SCHEDULES))
         )  # fmt: skip
     if not facts.runs_itself and not with_csv:
         raise ProblemError(

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pp_opt.arguments import integer
 from pp_opt.errors import ProblemError
+from pp_opt.frameworks.pytorch import schedule_name
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -82,6 +84,31 @@ BASE_CONFIGS = {
 """torchtitan's own config function of each bundled model card that has one
 (``models/llama3/config_registry.py``: 32, 80 and 126 layers, as the cards)."""
 
+DEFAULT_SCHEDULE = "1F1B"
+"""``parallelism.pipeline_parallel_schedule`` when not given (``config/configs.py:216`` at
+b5bcd76c): one stage per rank."""
+
+INTERLEAVED_SCHEDULE = "Interleaved1F1B"
+"""The schedule a user names to run more than one stage per rank (the default runs one)."""
+
+MULTI_STAGE_STAGES_PER_RANK = 2
+"""Stages per rank of a multi-stage schedule when ``pipeline_parallel_layers_per_stage`` is
+not given (``distributed/pipeline_parallel.py:260-262`` at b5bcd76c); one for a
+single-stage schedule."""
+
+
+def default_stages_per_rank(schedule: str) -> int:
+    """The stages per rank (pp_opt's ``v``) torchtitan builds for PyTorch's ``schedule``."""
+    single = schedule_name(schedule).stages_per_rank == "one"
+    return 1 if single else MULTI_STAGE_STAGES_PER_RANK
+
+
+def default_schedule(v: int) -> str:
+    """The schedule a torchtitan user runs ``v`` stages per rank with: the default for one,
+    :data:`INTERLEAVED_SCHEDULE` for more."""
+    return DEFAULT_SCHEDULE if v == 1 else INTERLEAVED_SCHEDULE
+
+
 DEBUG_CONFIG = "torchtitan.models.llama3.config_registry:llama3_debugmodel"
 """torchtitan's 6-layer llama3 debug model (what the end-to-end test trains)."""
 
@@ -135,3 +162,32 @@ def module_fqns(facts: TorchtitanRelease, layers: list[int]) -> list[list[str]]:
     parts[0].insert(0, facts.embedding)
     parts[-1] += list(facts.final_modules)
     return parts
+
+
+def default_layers(
+    n_layers: int, stages: int, *, input_weight: int = 1, output_weight: int = 1
+) -> tuple[int, ...]:
+    """The split torchtitan makes when not given one (``_generate_llm_fqn_per_model_part``,
+    ``distributed/pipeline_parallel.py:357`` at b5bcd76c).
+
+    The embedding counts as ``input_weight`` layers on the first stage and the norm and
+    output layer as ``output_weight`` on the last (torchtitan's
+    ``pipeline_parallel_first/last_stage_less_layers``, 1 each by default); the
+    ``n_layers + input_weight + output_weight`` units are spread evenly, the remainder to
+    the first stages. 32 layers on 4 stages: ``(8, 9, 8, 7)``.
+    """
+    integer("n_layers", n_layers, low=1)
+    integer("stages", stages, low=1)
+    if stages == 1:
+        return (n_layers,)
+    units = n_layers + input_weight + output_weight
+    per, extra = divmod(units, stages)
+    if per < max(1, input_weight, output_weight):
+        raise ProblemError(
+            "stages", f"{stages} stages for {n_layers} layers leave a stage empty in "
+            "torchtitan's split; use fewer stages"
+        )  # fmt: skip
+    counts = [per + (1 if s < extra else 0) for s in range(stages)]
+    counts[0] -= input_weight
+    counts[-1] -= output_weight
+    return tuple(counts)

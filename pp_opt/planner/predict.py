@@ -13,8 +13,9 @@ from typing import Any
 
 from pp_opt.arguments import choice, flag, integer, number, of_type
 from pp_opt.errors import ProblemError
-from pp_opt.job import Job
-from pp_opt.planner.baselines import torchtitan_split
+from pp_opt.frameworks.pytorch import PYTORCH_SCHEDULES, check_schedule_fits
+from pp_opt.frameworks.torchtitan import default_layers, default_stages_per_rank
+from pp_opt.job import Job, microbatch_count
 from pp_opt.planner.config import Candidate, PlanInputs
 from pp_opt.planner.evaluate import SOLVED, EvaluationTask, Scored, evaluate
 from pp_opt.profiler.cards import HardwareCard, ModelCard, load_hardware_card, load_model_card
@@ -24,8 +25,6 @@ FORMAT = "pp-opt.prediction"
 VERSION = 1
 SOLVED_NAME = "pp_opt"
 """``--schedule`` of the solved order."""
-INTERLEAVED = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
-"""PyTorch schedules with more than one stage per rank (``v`` defaults to 2 for them)."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -89,8 +88,6 @@ class Prediction:
 
 def schedule_names() -> tuple[str, ...]:
     """``pp_opt`` and PyTorch's schedule names."""
-    from pp_opt.frameworks.pytorch import PYTORCH_SCHEDULES
-
     return (SOLVED_NAME, *PYTORCH_SCHEDULES)
 
 
@@ -100,8 +97,9 @@ def prediction_job(
     layers: tuple[int, ...] | None, ac: str, fp8: bool, compile: bool, async_tp: bool,
     fp8_all_gather: bool | None, full_layers: tuple[int, ...] = (),
 ) -> Job:  # fmt: skip
-    """The pinned job: degrees checked against ``gpus``, microbatches from the batch, layers
-    split as torchtitan splits them for a PyTorch schedule (evenly for ``pp_opt``)."""
+    """The pinned job: degrees checked against ``gpus``, microbatches from the batch; for a
+    PyTorch schedule, ``v`` as torchtitan builds it, checked to fit the schedule, and layers
+    split as torchtitan splits them (evenly for ``pp_opt``)."""
     product = tp * pp * cp * dp_shard * dp_replicate
     if product != gpus:
         raise ProblemError(
@@ -109,22 +107,23 @@ def prediction_job(
             "give degrees whose product is the GPU count",
         )  # fmt: skip
     dp = dp_shard * dp_replicate
-    if global_batch % (dp * mbs):
-        raise ProblemError(
-            "global_batch", f"{global_batch} does not split into dp {dp} x mbs {mbs} "
-            "microbatches; use a multiple of dp x mbs",
-        )  # fmt: skip
-    if v is None:
-        v = 2 if schedule in INTERLEAVED or placement == "v" else 1
+    microbatches = microbatch_count(global_batch=global_batch, dp=dp, mbs=mbs)
+    if v is None:  # the v placement lifts it to 2 (Job)
+        v = 1 if schedule == SOLVED_NAME else default_stages_per_rank(schedule)
     job = Job(
-        pp=pp, v=v, placement=placement, microbatches=global_batch // (dp * mbs), mbs=mbs,
+        pp=pp, v=v, placement=placement, microbatches=microbatches, mbs=mbs,
         seq=seq, tp=tp, dp=dp, dp_shard=dp_shard, dp_replicate=dp_replicate, cp=cp,
         activation_checkpoint=ac, fp8=fp8, compile=compile, async_tp=async_tp,
         fp8_all_gather=fp8_all_gather,
         layers=tuple(layers or ()), full_layers=tuple(full_layers),
     )  # fmt: skip
-    if not job.layers and schedule != SOLVED_NAME:
-        job = job.with_layers(torchtitan_split(card.layers, job.stages))
+    if schedule != SOLVED_NAME:
+        try:
+            check_schedule_fits(schedule, placement=job.placement, v=job.v, with_csv=False)
+        except ProblemError as err:
+            raise ProblemError("schedule", err.message) from None
+        if not job.layers:
+            job = job.with_layers(default_layers(card.layers, job.stages))
     return job_for_card(card, job)
 
 

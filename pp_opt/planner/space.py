@@ -3,11 +3,11 @@
 A dimension a user pinned takes the pinned values; the others take every legal value:
 ``tp`` divides the node's GPUs, the job's GPUs and the heads; ``pp`` divides the GPUs left;
 ``dp = gpus / (tp * pp)``; ``mbs`` divides the sequences of one replica, so that
-``m = global_batch / (dp * mbs)`` is whole; a ``loop`` placement has ``v`` chunks with
-``pp * v`` at most the layers (``v > 1`` needs ``pp > 1``); the ``v`` placement has two;
-recompute and offload are each allowed or not; the optimizer state is sharded over ``dp``
-or not (only ``dp > 1`` has a choice). A pinned value that breaks a rule is skipped and
-counted under its reason.
+``m = global_batch / (dp * mbs)`` is whole (:func:`pp_opt.job.microbatch_count`); a
+``loop`` placement has ``v`` chunks with ``pp * v`` at most the layers (``v > 1`` needs
+``pp > 1``); the ``v`` placement has two; recompute and offload are each allowed or not;
+the optimizer state is sharded over ``dp`` or not (only ``dp > 1`` has a choice). A pinned
+value that breaks a rule is skipped and counted under its reason.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from pp_opt.errors import ProblemError
-from pp_opt.job import Job
+from pp_opt.job import Job, microbatch_count
 from pp_opt.planner.config import Candidate, Pins, PlanInputs
 
 PLACEMENTS = ("loop", "v")
@@ -64,16 +64,19 @@ def _pp_values(inputs: PlanInputs, pins: Pins, tp: int, skipped: Counter[str]) -
     return out
 
 
-def _mbs_values(inputs: PlanInputs, pins: Pins, dp: int, skipped: Counter[str]) -> list[int]:
+def _mbs_values(
+    inputs: PlanInputs, pins: Pins, dp: int, skipped: Counter[str]
+) -> list[tuple[int, int]]:
+    """``(mbs, microbatches)`` of each microbatch size that splits the batch whole."""
     if inputs.global_batch % dp:
         skipped["dp does not divide global_batch"] += 1
         return []
     out = []
     for mbs in pins.mbs or tuple(divisors(inputs.global_batch // dp)):
-        if (inputs.global_batch // dp) % mbs:
+        try:
+            out.append((mbs, microbatch_count(global_batch=inputs.global_batch, dp=dp, mbs=mbs)))
+        except ProblemError:
             skipped["dp * mbs does not divide global_batch"] += 1
-        else:
-            out.append(mbs)
     return out
 
 
@@ -150,8 +153,7 @@ def enumerate_configs(inputs: PlanInputs, pins: Pins) -> Enumeration:
     for tp in _tp_values(inputs, pins, skipped):
         for pp in _pp_values(inputs, pins, tp, skipped):
             for cp, dp, shard in _data_parallel(inputs, pins, tp, pp, skipped):
-                for mbs in _mbs_values(inputs, pins, dp, skipped):
-                    m = inputs.global_batch // (dp * mbs)
+                for mbs, m in _mbs_values(inputs, pins, dp, skipped):
                     for placement, v in _chunk_values(inputs, pins, pp, skipped):
                         for features in _features(pins, tp):
                             for recompute, offload, sharding in _switches(

@@ -67,7 +67,7 @@ def profile_job(
     hw = load_hardware_card(_default_hardware(hardware, measure))
     profile = profile_analytic(card, hw, job_for_card(card, job))
     if measure:
-        from pp_opt.profiler.measured import measure_profile
+        from pp_opt.profiler.torch.measured import measure_profile
 
         profile = measure_profile(card, hw, profile, **measuring)
     return profile
@@ -200,7 +200,7 @@ def _default_hardware(
     if hardware is not None:
         return hardware
     if measure:
-        from pp_opt.profiler.measured import require_torch
+        from pp_opt.profiler.torch.measured import require_torch
 
         if not require_torch().cuda.is_available():
             return "cpu"

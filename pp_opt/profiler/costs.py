@@ -19,6 +19,7 @@ from pp_opt.job import Job
 from pp_opt.problem import Device, Problem, Stage
 from pp_opt.problem_io import COSTS_FORMAT as FORMAT
 from pp_opt.problem_io import COSTS_VERSION as VERSION
+from pp_opt.problem_io import stage_row
 from pp_opt.profiler.cards import (
     HardwareCard,
     ModelCard,
@@ -119,18 +120,27 @@ class CostProfile:
             f"mbs={j.mbs} seq={j.seq} tp={j.tp} ({self.kind})"
         )
 
+    def problem_stages(self) -> tuple[Stage, ...]:
+        """Each stage's problem costs (copy times from the links when not measured)."""
+        return tuple(
+            Stage(
+                device=st.device,
+                t_f=st.t_f,
+                t_b=st.t_b,
+                t_w=st.t_w,
+                t_bw=st.t_bw,
+                m_b=st.m_b,
+                m_w=st.m_w,
+                m_in=st.m_in,
+                t_offload=offload_ms(st, self.links),
+                t_reload=reload_ms(st, self.links),
+            )  # fmt: skip
+            for st in self.stages
+        )
+
     def stage_rows(self) -> list[dict[str, Any]]:
         """The file's ``stages``: each stage's problem costs."""
-        rows = []
-        for st in self.stages:
-            row: dict[str, Any] = {"device": st.device, "t_f": st.t_f, "t_b": st.t_b, "t_w": st.t_w}
-            if st.t_bw is not None:
-                row["t_bw"] = st.t_bw
-            row.update(m_b=st.m_b, m_w=st.m_w, m_in=st.m_in)
-            row["t_offload"] = offload_ms(st, self.links)
-            row["t_reload"] = reload_ms(st, self.links)
-            rows.append(row)
-        return rows
+        return [stage_row(st) for st in self.problem_stages()]
 
     def provenance(self) -> dict[str, Any]:
         """The file's ``profile`` object (also a solved problem's ``extra["profile"]``)."""
@@ -189,21 +199,7 @@ def problem_from_profile(profile: CostProfile) -> Problem:
         raise ProblemError(
             "profile", f"got {type(profile).__name__}; give a CostProfile (pp_opt.profile_job)"
         )
-    stages = tuple(
-        Stage(
-            device=st.device,
-            t_f=st.t_f,
-            t_b=st.t_b,
-            t_w=st.t_w,
-            t_bw=st.t_bw,
-            m_b=st.m_b,
-            m_w=st.m_w,
-            m_in=st.m_in,
-            t_offload=offload_ms(st, profile.links),
-            t_reload=reload_ms(st, profile.links),
-        )  # fmt: skip
-        for st in profile.stages
-    )
+    stages = profile.problem_stages()
     devices = tuple(Device(cap=profile.cap, static=s) for s in profile.static)
     return Problem(
         p=profile.job.pp, m=profile.job.microbatches, stages=stages, devices=devices,

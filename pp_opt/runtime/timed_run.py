@@ -26,8 +26,8 @@ from torch.distributed.pipelining import PipelineStage
 
 from pp_opt.errors import ProblemError
 from pp_opt.profiler.cards import ModelCard
-from pp_opt.profiler.timing_stats import timing_stats
-from pp_opt.profiler.torch_model import DecoderStage, lm_loss, make_stage
+from pp_opt.profiler.torch.model import DecoderStage, lm_loss, make_stage
+from pp_opt.profiler.torch.timing_stats import timing_stats
 from pp_opt.runtime.torch_schedule import PPOptPipelineSchedule, build_pipeline_schedule
 from pp_opt.schedule import Schedule
 
@@ -295,7 +295,7 @@ def round_profile(
     Returns ``"{kind}{stage}" -> median ms`` (``F``, ``B`` for I, ``W``, ``BW`` for the fused B)
     for every stage, the keys :func:`pp_opt.runtime.plans.with_measured_times` takes.
     """
-    from pp_opt.profiler.stage_profile import GroupPeers, measure_stages
+    from pp_opt.profiler.torch.stage_profile import GroupPeers, measure_stages
 
     layout = (schedule.problem.extra.get("profile") or {}).get("layout") or {}
     meas = measure_stages(

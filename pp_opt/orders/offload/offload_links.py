@@ -376,7 +376,7 @@ def with_link_offloads(
 ) -> Schedule | None:
     """A schedule's compute order under ``problem``'s caps and host links, with copies.
 
-    The drop-in for :func:`pp_opt.solvers.offload_warm.with_offloads` that also
+    The drop-in for :func:`pp_opt.orders.offload.offload_warm.with_offloads` that also
     serves shared host links: the compute order is the one ``schedule`` ran (e.g.
     made without the cap), copies come from :func:`place_offloads` with a few
     policies, and the fastest schedule the validator accepts is returned; None when

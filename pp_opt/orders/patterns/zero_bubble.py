@@ -31,6 +31,8 @@ checks them there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pp_opt.ops import OpKey, OpKind
 from pp_opt.order import Order
 from pp_opt.orders.common import SPLIT, one_chunk, rank_order, require_split_backward
@@ -64,10 +66,7 @@ def zb_h1_rank(rank: int, p: int, m: int) -> list[OpKey]:
 
 def zb_h1(problem: Problem) -> Order:
     """ZB-H1 on one stage per device (Zero Bubble paper, §3.1)."""
-    require_split_backward(problem, "zb-h1")
-    problem = one_chunk(problem, "zb-h1")
-    per_rank = [zb_h1_rank(r, problem.p, problem.m) for r in range(problem.p)]
-    return rank_order(problem, per_rank, SPLIT, "zb-h1")
+    return _one_chunk_order(problem, "zb-h1", zb_h1_rank)
 
 
 def zb_h2_rank(rank: int, p: int, m: int) -> list[OpKey]:
@@ -93,7 +92,14 @@ def zb_h2_rank(rank: int, p: int, m: int) -> list[OpKey]:
 
 def zb_h2(problem: Problem) -> Order:
     """ZB-H2 on one stage per device (Zero Bubble paper, §3.1)."""
-    require_split_backward(problem, "zb-h2")
-    problem = one_chunk(problem, "zb-h2")
-    per_rank = [zb_h2_rank(r, problem.p, problem.m) for r in range(problem.p)]
-    return rank_order(problem, per_rank, SPLIT, "zb-h2")
+    return _one_chunk_order(problem, "zb-h2", zb_h2_rank)
+
+
+def _one_chunk_order(
+    problem: Problem, name: str, rank_ops: Callable[[int, int, int], list[OpKey]]
+) -> Order:
+    """The split-backward order ``name`` on one stage per device, from each rank's ops."""
+    require_split_backward(problem, name)
+    problem = one_chunk(problem, name)
+    per_rank = [rank_ops(r, problem.p, problem.m) for r in range(problem.p)]
+    return rank_order(problem, per_rank, SPLIT, name)

@@ -1,7 +1,7 @@
 """Measured stage costs: run each pipeline stage's ops with PyTorch and time them.
 
 :func:`measure_profile` (what ``profile_costs(measure=True)`` uses) builds every stage
-whole, as the runtime trains it (torch_model.py: embedding on the first stage, output layer
+whole, as the runtime trains it (model.py: embedding on the first stage, output layer
 on the last, the loss in the last stage's forward), and times the actions PyTorch's
 pipeline runtime executes (stage_ops.py): ``F``; ``I`` and ``W`` through
 ``torch.distributed.pipelining._backward`` (the runtime's own split, which costs more than
@@ -15,7 +15,7 @@ with the runtime's own offloader. On CUDA, pinned copy bandwidth is measured too
 memory, the cap (and ``t_comm`` unless measured) stay those of the hardware card.
 
 :func:`measure_layers` times one decoder layer with the Zero Bubble split instead (linear
-weight gradients deferred, torch_blocks.py): a reference for the analytic formulas, not what
+weight gradients deferred, blocks.py): a reference for the analytic formulas, not what
 PyTorch's runtime runs.
 """
 
@@ -30,11 +30,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from pp_opt.arguments import integer
 from pp_opt.errors import ProblemError
 from pp_opt.job import Job
 from pp_opt.profiler.cards import DTYPE_BYTES, HardwareCard, ModelCard
 from pp_opt.profiler.costs import CostProfile, StageCost
-from pp_opt.profiler.timing_stats import timing_stats
+from pp_opt.profiler.torch.timing_stats import timing_stats
 
 try:
     import torch
@@ -95,7 +96,7 @@ def measure_module(
     differentiates with respect to. The module output is a tensor (then a random output
     gradient is used) or a scalar loss.
     """
-    from pp_opt.profiler.torch_blocks import WeightGradStore
+    from pp_opt.profiler.torch.blocks import WeightGradStore
 
     device = next(module.parameters()).device
     params = [p for p in module.parameters() if p.requires_grad]
@@ -227,8 +228,8 @@ def measure_layers(
                                   repeats=repeats, warmup=warmup, head=head, seed=seed)  # fmt: skip
         finally:
             torch.set_num_threads(before)
-    from pp_opt.profiler.torch_blocks import DecoderBlock, OutputHead
-    from pp_opt.profiler.torch_model import TORCH_DTYPES
+    from pp_opt.profiler.torch.blocks import DecoderBlock, OutputHead
+    from pp_opt.profiler.torch.model import TORCH_DTYPES
 
     device, dtype = _device_and_dtype(card, device, dtype)
     torch_dtype = TORCH_DTYPES[dtype]
@@ -279,18 +280,14 @@ def measure_profile(
     """
     require_torch()
     layout = analytic.job
-    if layout.tp != 1:
-        raise ProblemError("tp", "measured profiles time a whole layer on one GPU; use tp = 1")
-    if layout.activation_checkpoint != "none":
-        raise ProblemError(
-            "recompute", "measured profiles do not recompute; use recompute = 'none'"
-        )
-    for name, value, least in (("repeats", repeats, 1), ("warmup", warmup, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ProblemError(name, f"got {value!r}; expected an integer >= {least}")
-    from pp_opt.profiler.stage_ops import copy_times
-    from pp_opt.profiler.stage_profile import measure_concurrently, measure_stages, stage_runner
-    from pp_opt.profiler.torch_model import TORCH_DTYPES
+    _check_measurable(layout, repeats=repeats, warmup=warmup)
+    from pp_opt.profiler.torch.model import TORCH_DTYPES
+    from pp_opt.profiler.torch.stage_ops import copy_times
+    from pp_opt.profiler.torch.stage_profile import (
+        measure_concurrently,
+        measure_stages,
+        stage_runner,
+    )
 
     device, dtype = _device_and_dtype(card, device, dtype)
     devices = layout.stage_devices
@@ -338,6 +335,18 @@ def measure_profile(
         environment=env,
         measurements=measurements,
     )
+
+
+def _check_measurable(layout: Job, *, repeats: int, warmup: int) -> None:
+    """What a measured profile can time: a whole layer on one GPU, no recompute."""
+    if layout.tp != 1:
+        raise ProblemError("tp", "measured profiles time a whole layer on one GPU; use tp = 1")
+    if layout.activation_checkpoint != "none":
+        raise ProblemError(
+            "recompute", "measured profiles do not recompute; use recompute = 'none'"
+        )
+    integer("repeats", repeats, low=1)
+    integer("warmup", warmup, low=0)
 
 
 TIMING_KEYS = {"t_f": "f", "t_b": "i", "t_w": "w", "t_bw": "b"}

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 
 from pp_opt.profiler.cards import ModelCard
-from pp_opt.profiler.stage_ops import StageRunner, saved_bytes, timed
-from pp_opt.profiler.timing_stats import timing_stats
-from pp_opt.profiler.torch_model import TORCH_DTYPES, lm_loss, make_stage
+from pp_opt.profiler.torch.model import TORCH_DTYPES, lm_loss, make_stage
+from pp_opt.profiler.torch.stage_ops import StageRunner, saved_bytes, timed
+from pp_opt.profiler.torch.timing_stats import timing_stats
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +242,7 @@ def _link(d: int, job: dict[str, Any], device: torch.device) -> dict[str, Any]:
     """``t_comm`` as the runtime's sends see it, between this device and its neighbours."""
     import torch.distributed as dist
 
-    from pp_opt.profiler.link import neighbour_latency
+    from pp_opt.profiler.torch.link import neighbour_latency
 
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{job['link_port']}",
@@ -272,7 +272,7 @@ def measure_concurrently(
 
     Processes are forked on CPU (they inherit the imported torch) and spawned on CUDA. Then
     the processes form a process group (gloo on CPU, NCCL when each has its own GPU) and
-    time one activation message between neighbours (:mod:`pp_opt.profiler.link`). Returns
+    time one activation message between neighbours (:mod:`pp_opt.profiler.torch.link`). Returns
     the stage measurements and the link measurement (None when it cannot be made here).
     """
     p = len(stages_by_device)

@@ -1,7 +1,7 @@
 """A model card as pipeline stages: the modules the profiler times and the runtime trains.
 
 One :class:`DecoderStage` per pipeline stage: the first embeds token ids (and learned
-positions), every stage runs its decoder layers (:class:`~.torch_blocks.DecoderBlock`), and
+positions), every stage runs its decoder layers (:class:`~.blocks.DecoderBlock`), and
 the last ends with the final norm and the output layer and returns logits. The loss
 (:func:`lm_loss`) is not part of the module: PyTorch's pipeline runtime computes it from the
 last stage's output inside that stage's forward action, and the profiler does the same, so
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pp_opt.profiler.cards import ModelCard
-from pp_opt.profiler.torch_blocks import DecoderBlock, _norm
+from pp_opt.profiler.torch.blocks import DecoderBlock, _norm
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
