@@ -54,11 +54,13 @@ demo: venv
 	@echo "demo outputs in $(OUT)/"
 
 # Two test workers (pytest-xdist), one per core of CI's 2; a module stays on one worker, so
-# its module fixtures run once. TEST_WORKERS=0 runs the suite in one process.
+# its module fixtures run once. The tests that hold a solve to its time limit within a second
+# or so (marker timing) run afterwards, alone. TEST_WORKERS=0 runs the rest in one process.
 TEST_WORKERS ?= 2
 
 test: venv torchtitan-venv
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m 'not fuzz and not timing'
+	$(BIN)/python -m pytest -m 'timing and not fuzz'
 
 lint: venv
 	$(BIN)/ruff check pp_opt tests scripts examples

@@ -98,6 +98,7 @@ def test_one_dag_build_per_variant_in_a_solve(monkeypatch: pytest.MonkeyPatch) -
     assert validate(result.schedule) == []
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_large_problem_keeps_a_short_time_limit() -> None:
     problem = load_problem(ROOT / "examples" / "zb-28.3b.toml")
@@ -107,6 +108,7 @@ def test_large_problem_keeps_a_short_time_limit() -> None:
     assert validate(result.schedule) == []
 
 
+@pytest.mark.timing
 def test_small_problem_keeps_its_time_limit() -> None:
     # The span of small.toml is not proved optimal in a second: the search runs to the limit.
     problem = load_problem(ROOT / "examples" / "small.toml")

@@ -99,6 +99,7 @@ def _v_instance(p: int, m: int, cap: float) -> Problem:
                            cap=cap, placement="v", v=2)  # fmt: skip
 
 
+@pytest.mark.timing
 def test_the_relaxation_proves_a_tight_v_instance() -> None:
     """p 3, m 6, cap 2 (V-Min's memory): the optimum is V-Half's 19.3, and the device
     relaxation of the last device says so; the old model took a minute to prove it."""
@@ -108,6 +109,7 @@ def test_the_relaxation_proves_a_tight_v_instance() -> None:
     assert result.schedule.solver.seconds < 15.0
 
 
+@pytest.mark.timing
 def test_a_solve_without_a_proof_spends_its_time_limit() -> None:
     """p 4, m 8, cap 2.5: neither model nor relaxation proves it in seconds, so the solve
     runs to its limit (the full model gets all of it: the problem is small)."""
@@ -145,6 +147,7 @@ def test_sequence_model_refuses_offload() -> None:
         _cpsat(problem, "makespan", "sequence")
 
 
+@pytest.mark.timing
 def test_span_of_a_heterogeneous_loop_is_proved() -> None:
     """Issue 18: 3 devices, 5 microbatches, uneven stages, cap 2.5 activations: CP-SAT
     proves the span optimum (the MILP's) within seconds, not ``feasible`` 20% above."""

@@ -70,6 +70,7 @@ def test_never_above_an_optimum_cpsat_proves_alone(
     assert found.value <= result.objective + 1e-9
 
 
+@pytest.mark.timing
 def test_raises_the_bound_of_a_tight_v_row() -> None:
     """bench_solvers.py --parts tight, 1.5B V-Min (cap 4): the device at the turn of the V
     (device 7) holds its warm-up, steady state and cool-down together: 1302.37 -> 1366-1368

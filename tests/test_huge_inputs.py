@@ -19,6 +19,7 @@ from pp_opt.problem import uniform_problem
 from pp_opt.problem_io import problem_to_dict
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_a_huge_problem_keeps_its_time_limit(tmp_path: Path) -> None:
     problem = uniform_problem(p=4, m=10_000)

@@ -30,6 +30,7 @@ def _cli(
                           timeout=120, cwd=cwd, env={**os.environ, **(env or {})})  # fmt: skip
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(
     ("fault", "backend", "how"),
     [

@@ -78,6 +78,7 @@ def test_improve_never_loses_and_stays_valid() -> None:
     assert stats.windows >= 1
 
 
+@pytest.mark.timing
 def test_solve_searches_large_problems_and_keeps_its_time_limit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
