@@ -173,6 +173,12 @@ class Job:
         return self.microbatches
 
     @property
+    def global_batch(self) -> int:
+        """Sequences per step: ``microbatches`` of ``mbs`` on each of the ``dp`` replicas
+        (the inverse of :func:`microbatch_count`)."""
+        return self.microbatches * self.mbs * self.dp
+
+    @property
     def gpus(self) -> int:
         return self.tp * self.pp * self.cp * self.dp
 

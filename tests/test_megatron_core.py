@@ -11,6 +11,7 @@ import pytest
 
 from pp_opt.export.training_config import megatron_flags
 from pp_opt.frameworks.megatron import MEGATRON_FLAGS, RELEASE
+from pp_opt.job import Job
 
 core = pytest.importorskip("megatron.core", reason="pip install megatron-core==0.16.1")
 
@@ -25,8 +26,9 @@ CONFIGS: list[dict[str, Any]] = [
 def _printed() -> set[str]:
     flags: set[str] = set()
     for c in CONFIGS:
-        printed = megatron_flags(placement="loop", mbs=1, n_layers=sum(c["layers"]),
-                                 global_batch=16, **c)  # fmt: skip
+        job = Job(pp=c["pp"], v=c["v"], tp=c["tp"], layers=tuple(c["layers"]), mbs=1,
+                  microbatches=16, seq=4096)  # fmt: skip
+        printed = megatron_flags(job, n_layers=sum(c["layers"]), recompute=c["recompute"])
         flags |= {f for f in printed if f.startswith("--")}
     return flags
 

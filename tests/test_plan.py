@@ -256,7 +256,7 @@ def test_training_settings_name_the_split_and_the_degrees(serial: Plan) -> None:
     from pp_opt.planner.training import training_settings
 
     best = serial.candidates[0]
-    settings = training_settings(best, n_layers=6, global_batch=8, schedule_csv="best.csv")
+    settings = training_settings(best, n_layers=6, schedule_csv="best.csv")
     assert settings["layers"] == list(best.candidate.layers)
     torchtitan = settings["torchtitan"]
     assert torchtitan["parallelism"]["pipeline_parallel_degree"] == best.job.pp
@@ -289,7 +289,7 @@ def test_pruning_keeps_the_top_of_an_exhaustive_search(serial: Plan) -> None:
 def test_training_settings_without_a_csv_name_the_one_to_write(serial: Plan) -> None:
     from pp_opt.planner.training import DEFAULT_CSV, training_settings
 
-    settings = training_settings(serial.candidates[0], n_layers=6, global_batch=8)
+    settings = training_settings(serial.candidates[0], n_layers=6)
     parallelism = settings["torchtitan"]["parallelism"]
     assert parallelism["pipeline_parallel_schedule_csv"] == DEFAULT_CSV
     assert "--format torch-csv" in settings["schedule_csv_note"]

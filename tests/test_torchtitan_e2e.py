@@ -207,10 +207,10 @@ def test_llama3_8b_config_file_loads_in_torchtitan(runs: dict[str, Any]) -> None
     torchtitan 0.3.0's config manager accepts as written."""
     from pp_opt.export.torchtitan import torchtitan_config_file, torchtitan_settings
     from pp_opt.frameworks.torchtitan import BASE_CONFIGS
+    from pp_opt.job import Job
 
-    settings = torchtitan_settings(pp=4, v=1, placement="loop", mbs=1, layers=[8, 9, 8, 7],
-                                   n_layers=32, schedule_csv="plan.csv", seq=8192,
-                                   global_batch=16)  # fmt: skip
+    job = Job(pp=4, microbatches=16, mbs=1, seq=8192, layers=(8, 9, 8, 7))  # global batch 16
+    settings = torchtitan_settings(job, n_layers=32, schedule_csv="plan.csv")
     folder = runs["work"] / "llama3_8b"
     folder.mkdir()
     text = torchtitan_config_file(settings, base=BASE_CONFIGS["llama3-8b"], title="8B")

@@ -19,6 +19,7 @@ from pp_opt.export.torchtitan import (
     torchtitan_flags,
     torchtitan_settings,
 )
+from pp_opt.job import Job, microbatch_count
 from pp_opt.ops import OpKey, OpKind
 from pp_opt.orders.common import SPLIT, compute_order
 from pp_opt.orders.patterns.classic import one_f_one_b
@@ -32,7 +33,13 @@ LAYERS = [8, 9, 8, 7]
 def _settings(**changes: Any) -> dict[str, Any]:
     args: dict[str, Any] = dict(pp=4, v=1, placement="loop", mbs=2, layers=LAYERS, n_layers=32,
                                 schedule_csv="best.csv", seq=8192, global_batch=16)  # fmt: skip
-    return torchtitan_settings(**(args | changes))
+    args |= changes
+    rest = {key: args.pop(key) for key in ("n_layers", "schedule_csv", "schedule_name",
+                                           "split_backward", "version") if key in args}  # fmt: skip
+    m = microbatch_count(global_batch=args.pop("global_batch"), dp=args.get("dp", 1),
+                         mbs=args["mbs"])  # fmt: skip
+    job = Job(microbatches=m, **args | {"layers": tuple(args["layers"])})
+    return torchtitan_settings(job, **rest)
 
 
 def test_release_0_3_reads_sequences_and_the_microbatch_size() -> None:

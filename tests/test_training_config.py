@@ -10,18 +10,33 @@ import pytest
 from pp_opt.errors import ProblemError
 from pp_opt.export.torchtitan import torchtitan_config
 from pp_opt.export.training_config import megatron_flags, pipeline_layout
+from pp_opt.job import Job, microbatch_count
+
+_EXPORT_ARGS = ("n_layers", "recompute", "schedule_csv", "schedule_name", "version")
+"""What an exporter takes beside the job."""
+
+
+def _job_and_rest(args: dict[str, Any]) -> tuple[Job, dict[str, Any]]:
+    """A loose configuration as a Job (microbatches from the global batch) and the rest."""
+    rest = {key: args.pop(key) for key in _EXPORT_ARGS if key in args}
+    global_batch = args.pop("global_batch", None)
+    if global_batch is not None:
+        args["microbatches"] = microbatch_count(global_batch=global_batch, dp=1, mbs=args["mbs"])
+    return Job(seq=4096, **{"microbatches": 8, **args, "layers": tuple(args["layers"])}), rest
 
 
 def _megatron(**changes: Any) -> list[str]:
     args: dict[str, Any] = dict(tp=1, pp=4, v=1, placement="loop", mbs=1, layers=[8, 8, 8, 8],
                                 n_layers=32, global_batch=16, recompute=False)  # fmt: skip
-    return megatron_flags(**(args | changes))
+    job, rest = _job_and_rest(args | changes)
+    return megatron_flags(job, **rest)
 
 
 def _titan(**changes: Any) -> dict[str, Any]:
     args: dict[str, Any] = dict(pp=4, v=1, placement="loop", mbs=2, layers=[8, 9, 8, 7],
                                 n_layers=32, schedule_csv=None, schedule_name="1F1B")  # fmt: skip
-    return torchtitan_config(**(args | changes))
+    job, rest = _job_and_rest(args | changes)
+    return torchtitan_config(job, **rest)
 
 
 def _value(flags: list[str], flag: str) -> str | None:
@@ -136,7 +151,7 @@ def test_torchtitan_csv_on_each_placement() -> None:
             "schedule_name",
         ),  # fmt: skip
         (dict(v=2, layers=[4] * 8, schedule_name="1F1B"), "schedule_name"),
-        (dict(placement="v", layers=[8, 9, 8, 7]), "v"),
+        (dict(placement="v", v=3, layers=[8, 9, 8, 7]), "v"),  # a Job lifts v = 1 to 2
         (dict(layers=[8, 9, 8]), "layers"),
         (dict(n_layers=31), "layers"),
         (dict(mbs=0), "mbs"),

@@ -11,132 +11,110 @@ pipeline (``pp = 1``) gets no pipeline key.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pp_opt.errors import ProblemError
-from pp_opt.export.training_config import check_shape, positive_int
+from pp_opt.export.training_config import check_shape
 from pp_opt.frameworks import torchtitan as facts
 from pp_opt.frameworks.pytorch import check_schedule_fits, csv_schedule_name
-from pp_opt.job import microbatch_count
+from pp_opt.job import Job
 
 CONFIG_FUNCTION = "pp_opt_plan"
 """The name of the function :func:`torchtitan_config_file` writes."""
 
 
 def torchtitan_settings(
+    job: Job,
     *,
-    pp: int,
-    v: int,
-    placement: str,
-    mbs: int,
-    layers: Sequence[int],
-    n_layers: int,
     schedule_csv: str | None,
     schedule_name: str | None = None,
-    tp: int = 1,
-    dp: int = 1,
-    seq: int | None = None,
-    global_batch: int | None = None,
+    n_layers: int | None = None,
     split_backward: bool = False,
-    activation_checkpoint: str = "none",
     version: str = facts.DEFAULT_RELEASE,
 ) -> dict[str, Any]:
-    """The torchtitan fields of a job, as ``{"version", "parallelism", "training",
+    """The torchtitan fields of ``job``, as ``{"version", "parallelism", "training",
     "activation_checkpoint"}``.
 
     ``schedule_csv`` is a pp_opt torch-csv (torchtitan runs it on
     ``_PipelineScheduleRuntime``; the schedule name then only places the stages), or None
     with ``schedule_name`` one of PyTorch's schedules. ``split_backward`` says the CSV has
-    ``I``/``W`` actions; a named schedule's own backward is taken from its name. ``seq`` and
-    ``global_batch`` (sequences) add the batch keys; ``dp`` replicas share the batch.
+    ``I``/``W`` actions; a named schedule's own backward is taken from its name.
+    ``n_layers``: the model's decoder layers, checked against the split (None: its sum).
+    The batch keys are the job's microbatches, ``mbs``, ``dp`` replicas and ``seq``; the
+    activation checkpointing mode is torchtitan's that runs the job's own.
     """
     release = facts.release(version)
-    counts = check_shape(pp=pp, v=v, placement=placement, layers=layers, n_layers=n_layers)
-    for name, value in (("mbs", mbs), ("tp", tp), ("dp", dp)):
-        positive_int(name, value)
-    ac_value, ac_splits = facts.activation_checkpoint(activation_checkpoint)
+    counts = check_shape(job, n_layers=n_layers)
+    mode = facts.JOB_MODES[job.activation_checkpoint]
+    ac_value, ac_splits = facts.activation_checkpoint(mode)
     parallelism: dict[str, Any] = {}
-    if tp > 1:
-        parallelism["tensor_parallel_degree"] = tp
-    training: dict[str, Any] = {}
-    m = _microbatches(mbs=mbs, dp=dp, global_batch=global_batch)
-    if pp > 1:
-        if schedule_csv is not None and not str(schedule_csv).strip():
-            raise ProblemError("schedule_csv", "empty path; give the CSV file or None")
-        if schedule_csv is None and schedule_name is None:
-            raise ProblemError("schedule_name", "give a PyTorch schedule name or a schedule_csv")
-        name = schedule_name or csv_schedule_name(placement=placement, v=v)
-        fit = check_schedule_fits(name, placement=placement, v=v, with_csv=schedule_csv is not None)
+    if job.tp > 1:
+        parallelism["tensor_parallel_degree"] = job.tp
+    if job.pp > 1:
+        name = _schedule_name(job, schedule_csv=schedule_csv, schedule_name=schedule_name)
+        fit = check_schedule_fits(
+            name, placement=job.placement, v=job.v, with_csv=schedule_csv is not None
+        )
         split = split_backward if schedule_csv is not None else fit.split_backward
         if split and not ac_splits:
             raise ProblemError(
-                "torchtitan_activation_checkpoint", f"{activation_checkpoint} activation "
-                "checkpointing cannot run a split backward (torchtitan fails at the first W: "
-                "'Trying to backward an extra time'); use none or full, or export with "
-                "--fused-backward"
+                "torchtitan_activation_checkpoint", f"{mode} activation checkpointing cannot "
+                "run a split backward (torchtitan fails at the first W: 'Trying to backward an "
+                "extra time'); use none or full, or export with --fused-backward"
             )  # fmt: skip
-        parallelism["pipeline_parallel_degree"] = pp
+        parallelism["pipeline_parallel_degree"] = job.pp
         parallelism["pipeline_parallel_schedule"] = name
         if schedule_csv is not None:
             parallelism["pipeline_parallel_schedule_csv"] = str(schedule_csv)
-        if release.microbatch_is_count:
-            if m is not None:
-                parallelism[release.microbatch_key] = m
-        else:
-            parallelism[release.microbatch_key] = mbs
+        count = release.microbatch_is_count
+        parallelism[release.microbatch_key] = job.microbatches if count else job.mbs
         parallelism["module_fqns_per_model_part"] = facts.module_fqns(release, counts)
-    training.update(_batch_keys(release, pp=pp, mbs=mbs, m=m, seq=seq, global_batch=global_batch))
-    if pp > 1:
+    training = _batch_keys(release, job)
+    if job.pp > 1:
         training[release.cuda_graphs_key] = True
     return {
         "version": release.version,
         "parallelism": parallelism,
         "training": training,
-        "activation_checkpoint": activation_checkpoint,
+        "activation_checkpoint": mode,
         "activation_checkpoint_value": ac_value,
     }
 
 
-def _microbatches(*, mbs: int, dp: int, global_batch: int | None) -> int | None:
-    if global_batch is None:
-        return None
-    positive_int("global_batch", global_batch)
-    return microbatch_count(global_batch=global_batch, dp=dp, mbs=mbs)
+def _schedule_name(job: Job, *, schedule_csv: str | None, schedule_name: str | None) -> str:
+    """The schedule name torchtitan is given: ``schedule_name``, or the one that places a
+    CSV's stages."""
+    if schedule_csv is not None and not str(schedule_csv).strip():
+        raise ProblemError("schedule_csv", "empty path; give the CSV file or None")
+    if schedule_name is not None:
+        return schedule_name
+    if schedule_csv is None:
+        raise ProblemError("schedule_name", "give a PyTorch schedule name or a schedule_csv")
+    return csv_schedule_name(placement=job.placement, v=job.v)
 
 
-def _batch_keys(
-    release: facts.TorchtitanRelease, *, pp: int, mbs: int, m: int | None, seq: int | None,
-    global_batch: int | None,
-) -> dict[str, Any]:  # fmt: skip
-    """Local batch (pipeline: all ``m`` microbatches; else one), global batch, sequence."""
-    out: dict[str, Any] = {}
+def _batch_keys(release: facts.TorchtitanRelease, job: Job) -> dict[str, Any]:
+    """Local batch (pipeline: all microbatches; else one), global batch, sequence."""
     if release.batch_in_tokens:
-        if seq is not None:
-            out[release.local_batch_key] = mbs * positive_int("seq", seq)
-            if global_batch is not None:
-                out[release.global_batch_key] = global_batch * seq
-            out[release.seq_key] = seq
-        return out
-    if m is not None:
-        out[release.local_batch_key] = m * mbs if pp > 1 else mbs
-        out[release.global_batch_key] = global_batch
-    if seq is not None:
-        out[release.seq_key] = positive_int("seq", seq)
-    return out
+        return {
+            release.local_batch_key: job.mbs * job.seq,
+            release.global_batch_key: job.global_batch * job.seq,
+            release.seq_key: job.seq,
+        }
+    return {
+        release.local_batch_key: job.microbatches * job.mbs if job.pp > 1 else job.mbs,
+        release.global_batch_key: job.global_batch,
+        release.seq_key: job.seq,
+    }
 
 
 def torchtitan_config(
+    job: Job,
     *,
-    pp: int,
-    v: int,
-    placement: str,
-    mbs: int,
-    layers: Sequence[int],
-    n_layers: int,
     schedule_csv: str | None,
-    schedule_name: str | None,
+    schedule_name: str | None = None,
+    n_layers: int | None = None,
     version: str = facts.DEFAULT_RELEASE,
 ) -> dict[str, Any]:
     """The ``parallelism`` fields of a torchtitan job for this pipeline (release
@@ -148,8 +126,8 @@ def torchtitan_config(
     ``v`` when None), or None with ``schedule_name`` one of PyTorch's schedules.
     """
     settings = torchtitan_settings(
-        pp=pp, v=v, placement=placement, mbs=mbs, layers=layers, n_layers=n_layers,
-        schedule_csv=schedule_csv, schedule_name=schedule_name, version=version,
+        job, schedule_csv=schedule_csv, schedule_name=schedule_name, n_layers=n_layers,
+        version=version,
     )  # fmt: skip
     parallelism: dict[str, Any] = settings["parallelism"]
     return parallelism

@@ -1,9 +1,10 @@
 """A configuration as a training job takes it: torchtitan's config keys, Megatron-LM's flags.
 
-Both take the pipeline shape pp_opt plans (DESIGN.md section 8): ``pp`` devices, ``v``
-chunks per device on the ``loop`` or ``v`` placement, and ``layers``, the decoder layers
-of each stage in stage order (``len(layers) == pp * v``), with the embedding on stage 0
-and the final norm and output layer on the last stage.
+Both take a :class:`~pp_opt.job.Job` with its layers split (DESIGN.md section 8): ``pp``
+devices, ``v`` chunks per device on the ``loop`` or ``v`` placement, and ``layers``, the
+decoder layers of each stage in stage order (``len(layers) == pp * v``), with the embedding
+on stage 0 and the final norm and output layer on the last stage; the microbatches and the
+global batch are the job's too.
 
 - torchtitan: :mod:`pp_opt.export.torchtitan` (``torchtitan_config``: the ``parallelism``
   fields, the split given exactly as ``module_fqns_per_model_part``; the whole job as
@@ -25,7 +26,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pp_opt.arguments import flag, integer, of_type
 from pp_opt.errors import ProblemError
+from pp_opt.job import Job
 
 _RECOMPUTE_FLAGS = ("--recompute-granularity", "full", "--recompute-method", "uniform",
                     "--recompute-num-layers", "1")  # fmt: skip
@@ -34,34 +37,22 @@ _RECOMPUTE_FLAGS = ("--recompute-granularity", "full", "--recompute-method", "un
 # ---------------------------------------------------------------- checks
 
 
-def positive_int(field: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ProblemError(field, f"got {value!r}; give an integer >= 1")
-    return value
-
-
-def check_shape(
-    *, pp: int, v: int, placement: str, layers: Sequence[int], n_layers: int
-) -> list[int]:
-    """The checked split: ``pp * v`` non-negative counts summing to ``n_layers``."""
-    positive_int("pp", pp)
-    positive_int("v", v)
-    positive_int("n_layers", n_layers)
-    if placement not in ("loop", "v"):
-        raise ProblemError("placement", f"got {placement!r}; use 'loop' or 'v'")
-    if placement == "v" and v != 2:
-        raise ProblemError("v", f"got {v}; the 'v' placement has exactly 2 chunks per device")
-    counts = list(layers)
+def check_shape(job: Job, *, n_layers: int | None = None) -> list[int]:
+    """The job's checked split: ``pp * v`` non-negative counts summing to ``n_layers``
+    (the model's decoder layers; None: the split's own sum). The degrees, placement and
+    ``v`` are the job's own checks (:class:`~pp_opt.job.Job`)."""
+    of_type("job", job, Job, "a pp_opt Job")
+    counts = list(job.layers)
+    if not counts:
+        raise ProblemError(
+            "layers", f"the job has no split; give one count per stage, pp * v = {job.stages}"
+        )
     for count in counts:
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        if count < 0:
             raise ProblemError(
                 "layers", f"entry {count!r} is not a layer count; give integers >= 0"
             )
-    if len(counts) != pp * v:
-        raise ProblemError(
-            "layers", f"got {len(counts)} stages; give one count per stage, pp * v = {pp * v}"
-        )
-    if sum(counts) != n_layers:
+    if n_layers is not None and sum(counts) != integer("n_layers", n_layers, low=1):
         raise ProblemError(
             "layers", f"the counts sum to {sum(counts)}; they must sum to n_layers = {n_layers}"
         )
@@ -101,31 +92,20 @@ def _split_flags(counts: list[int], *, pp: int, v: int) -> list[str]:
     return ["--pipeline-model-parallel-layout", pipeline_layout(counts)]
 
 
-def megatron_flags(
-    *,
-    tp: int,
-    pp: int,
-    v: int,
-    placement: str,
-    mbs: int,
-    layers: Sequence[int],
-    n_layers: int,
-    global_batch: int,
-    recompute: bool,
-) -> list[str]:
-    """Megatron-LM command-line flags for this configuration (``pretrain_gpt.py``).
+def megatron_flags(job: Job, *, n_layers: int | None = None, recompute: bool = False) -> list[str]:
+    """Megatron-LM command-line flags for ``job`` (``pretrain_gpt.py``).
 
     Parameters
     ----------
-    tp, pp, v
-        Tensor-parallel size, pipeline devices, chunks per device (virtual stages).
-    placement
-        ``loop`` only: Megatron-LM places virtual stages round-robin (stage ``s`` on
-        rank ``s mod pp``); the ``v`` placement raises :class:`ProblemError`.
-    mbs, global_batch
-        ``--micro-batch-size`` and ``--global-batch-size`` (sequences).
-    layers, n_layers
-        Decoder layers per stage in stage order, and the model's total (``--num-layers``).
+    job
+        ``tp``, ``pp``, ``v`` (virtual stages), ``layers`` (decoder layers per stage in stage
+        order), ``mbs`` (``--micro-batch-size``) and the global batch
+        (``--global-batch-size``, :attr:`~pp_opt.job.Job.global_batch`, sequences). Its
+        placement must be ``loop``: Megatron-LM places virtual stages round-robin (stage
+        ``s`` on rank ``s mod pp``); the ``v`` placement raises :class:`ProblemError`.
+    n_layers
+        The model's decoder layers (``--num-layers``), checked against the split; None: the
+        split's sum.
     recompute
         Full activation recompute of every layer (``--recompute-granularity full
         --recompute-method uniform --recompute-num-layers 1``): Megatron-LM recomputes
@@ -136,31 +116,24 @@ def megatron_flags(
     list[str]
         Flags and values, in the order Megatron-LM's help lists them by group.
     """
-    counts = check_shape(pp=pp, v=v, placement=placement, layers=layers, n_layers=n_layers)
-    positive_int("tp", tp)
-    positive_int("mbs", mbs)
-    positive_int("global_batch", global_batch)
-    if placement != "loop":
+    counts = check_shape(job, n_layers=n_layers)
+    flag("recompute", recompute)
+    if job.placement != "loop":
         raise ProblemError(
             "placement",
             "Megatron-LM places virtual stages in a loop (stage s on rank s mod pp), not "
             "in a V; use placement 'loop', or torchtitan for the V schedules",
         )
-    if v > 1 and pp < 2:
-        raise ProblemError("v", f"got v = {v} with pp = 1; Megatron-LM interleaves virtual "
+    if job.v > 1 and job.pp < 2:
+        raise ProblemError("v", f"got v = {job.v} with pp = 1; Megatron-LM interleaves virtual "
                            "stages only over pp >= 2 ranks: use v = 1")  # fmt: skip
-    if global_batch % mbs:
-        raise ProblemError(
-            "global_batch", f"{global_batch} is not a multiple of mbs = {mbs}; Megatron-LM "
-            "needs whole microbatches"
-        )  # fmt: skip
     flags = [
-        "--tensor-model-parallel-size", str(tp),
-        "--pipeline-model-parallel-size", str(pp),
-        "--num-layers", str(n_layers),
-        *_split_flags(counts, pp=pp, v=v),
-        "--micro-batch-size", str(mbs),
-        "--global-batch-size", str(global_batch),
+        "--tensor-model-parallel-size", str(job.tp),
+        "--pipeline-model-parallel-size", str(job.pp),
+        "--num-layers", str(sum(counts)),
+        *_split_flags(counts, pp=job.pp, v=job.v),
+        "--micro-batch-size", str(job.mbs),
+        "--global-batch-size", str(job.global_batch),
     ]  # fmt: skip
     if recompute:
         flags += _RECOMPUTE_FLAGS

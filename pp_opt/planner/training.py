@@ -12,7 +12,7 @@ CSV, re-timed to say what it costs.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pp_opt.errors import ProblemError
@@ -35,19 +35,20 @@ def training_settings(
     best: Scored,
     *,
     n_layers: int,
-    global_batch: int,
-    seq: int | None = None,
     schedule_csv: str | None = None,
     split_backward: bool = False,
-    activation_checkpoint: str = "none",
+    activation_checkpoint: str | None = None,
     torchtitan: str = titan.DEFAULT_RELEASE,
 ) -> dict[str, Any]:
-    """torchtitan fields and flags and Megatron-LM flags of ``best`` (a note instead of the
-    Megatron-LM flags where it cannot express the configuration, e.g. the V placement)."""
-    c = best.candidate.job
-    layers = list(best.candidate.layers)
-    out: dict[str, Any] = {"layers": layers}
-    if c.pp > 1:
+    """torchtitan fields and flags and Megatron-LM flags of ``best``'s job (a note instead
+    of the Megatron-LM flags where it cannot express the configuration, e.g. the V
+    placement); ``activation_checkpoint``: the mode torchtitan is told instead of the
+    job's own."""
+    job = best.candidate.job
+    if activation_checkpoint is not None:
+        job = replace(job, activation_checkpoint=activation_checkpoint)
+    out: dict[str, Any] = {"layers": list(job.layers)}
+    if job.pp > 1:
         if schedule_csv is None:  # the keys still name the CSV a job needs; say how to make it
             schedule_csv = DEFAULT_CSV
             out["schedule_csv_note"] = (
@@ -56,17 +57,12 @@ def training_settings(
             )  # fmt: skip
         out["schedule_csv"] = schedule_csv
     settings = torchtitan_settings(
-        pp=c.pp, v=c.v, placement=c.placement, mbs=c.mbs, layers=layers, n_layers=n_layers,
-        schedule_csv=schedule_csv if c.pp > 1 else None, tp=c.tp, dp=c.dp, seq=seq,
-        global_batch=global_batch, split_backward=split_backward,
-        activation_checkpoint=activation_checkpoint, version=torchtitan,
+        job, schedule_csv=schedule_csv if job.pp > 1 else None, n_layers=n_layers,
+        split_backward=split_backward, version=torchtitan,
     )  # fmt: skip
     out["torchtitan"] = {**settings, "flags": torchtitan_flags(settings)}
     try:
-        out["megatron"] = megatron_flags(
-            tp=c.tp, pp=c.pp, v=c.v, placement=c.placement, mbs=c.mbs, layers=layers,
-            n_layers=n_layers, global_batch=global_batch, recompute=best.candidate.recompute,
-        )  # fmt: skip
+        out["megatron"] = megatron_flags(job, n_layers=n_layers, recompute=best.candidate.recompute)
     except ProblemError as err:  # Megatron-LM has no V placement
         out["megatron_note"] = str(err)
     return out
@@ -155,11 +151,10 @@ def plan_training(
     fused_info: dict[str, Any] = {}
     if fused:
         fused_info = _fused_note(chosen, schedule, activation_checkpoint, notes)
-    inputs = plan.inputs
     settings = training_settings(
-        chosen, n_layers=inputs.model.layers, global_batch=inputs.global_batch, seq=inputs.seq,
-        schedule_csv=schedule_csv, split_backward=split and not fused,
-        activation_checkpoint=activation_checkpoint, torchtitan=torchtitan,
+        chosen, n_layers=plan.inputs.model.layers, schedule_csv=schedule_csv,
+        split_backward=split and not fused, activation_checkpoint=activation_checkpoint,
+        torchtitan=torchtitan,
     )  # fmt: skip
     settings["candidate"] = chosen.candidate.label()
     settings["backward"] = "fused" if fused else "split" if split else "fused (as solved)"

@@ -15,9 +15,13 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pp_opt.arguments import integer
 from pp_opt.card_files import card_infos, card_names, card_text
 from pp_opt.errors import ProblemError
 from pp_opt.limits import MAX_VALUE
+
+_MAX_INT = int(MAX_VALUE)
+"""Largest integer a card field takes."""
 
 Card = TypeVar("Card", "ModelCard", "HardwareCard")
 
@@ -67,11 +71,9 @@ class ModelCard:
         if not isinstance(self.bias, bool):
             raise ProblemError("model.bias", f"got {self.bias!r}; expected true or false")
         for key in ("layers", "hidden", "heads", "vocab", "seq"):
-            _positive_int(f"model.{key}", getattr(self, key))
+            integer(f"model.{key}", getattr(self, key), low=1, high=_MAX_INT)
         for key in ("kv_heads", "ffn"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ProblemError(f"model.{key}", f"got {value!r}; expected an integer >= 0")
+            integer(f"model.{key}", getattr(self, key), low=0)
         if self.hidden % self.heads:
             raise ProblemError("model.heads", f"{self.heads} does not divide hidden {self.hidden}")
         if self.heads % self.num_kv_heads:
@@ -176,7 +178,7 @@ class HardwareCard:
             if getattr(self, key) <= 0:
                 raise ProblemError(f"hardware.{key}", "must be greater than 0 (a bandwidth)")
         for key in ("gpus_per_node", "gpus_per_host_link"):
-            _positive_int(f"hardware.{key}", getattr(self, key))
+            integer(f"hardware.{key}", getattr(self, key), low=1, high=_MAX_INT)
         if self.fp8_peak_tflops > 0 and not 0 < self.fp8_gemm_efficiency <= 1:
             raise ProblemError(
                 "hardware.fp8_gemm_efficiency", "give a fraction in (0, 1] with fp8_peak_tflops"
@@ -203,13 +205,6 @@ class HardwareCard:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _positive_int(field: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ProblemError(field, f"got {value!r}; expected an integer >= 1")
-    if value > MAX_VALUE:
-        raise ProblemError(field, f"got {value}; expected at most {MAX_VALUE:g}")
 
 
 def _choice(field: str, value: Any, allowed: tuple[str, ...]) -> None:
