@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pp_opt.arguments import integer
 from pp_opt.errors import ProblemError
 from pp_opt.limits import check_size
 from pp_opt.placement import stage_devices
@@ -25,6 +26,8 @@ and re-runs its forward in B (:mod:`pp_opt.profiler.checkpointing`)."""
 def microbatch_count(*, global_batch: int, dp: int, mbs: int) -> int:
     """Microbatches per pipeline and step (``m``): the global batch split over ``dp``
     replicas into microbatches of ``mbs`` sequences, which must come out whole."""
+    for name, value in (("global_batch", global_batch), ("dp", dp), ("mbs", mbs)):
+        integer(name, value, low=1)
     if global_batch % (dp * mbs):
         raise ProblemError(
             "global_batch", f"{global_batch} sequences do not split into whole microbatches "

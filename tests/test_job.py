@@ -116,6 +116,10 @@ def test_the_microbatch_count_is_whole_or_names_the_batch() -> None:
     with pytest.raises(ProblemError) as err:
         microbatch_count(global_batch=30, dp=4, mbs=2)
     assert err.value.field == "global_batch" and "multiple of dp x mbs = 8" in str(err.value)
+    for field in ("global_batch", "dp", "mbs"):  # zero was a ZeroDivisionError
+        with pytest.raises(ProblemError) as err:
+            microbatch_count(**({"global_batch": 32, "dp": 4, "mbs": 2} | {field: 0}))
+        assert err.value.field == field
 
 
 def _pinned(schedule: str, placement: str = "loop", v: int | None = None) -> Job:
