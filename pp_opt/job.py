@@ -114,7 +114,7 @@ class Job:
                 "layers",
                 f"got {len(self.layers)} entries for {self.stages} stages (pp x v); give one each",
             )
-        object.__setattr__(self, "layers", tuple(int(n) for n in self.layers))
+        object.__setattr__(self, "layers", tuple(integer("layers", n, low=0) for n in self.layers))
         self._check_data_parallel()
         self._check_features()
 

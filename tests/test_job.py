@@ -120,6 +120,9 @@ def test_the_microbatch_count_is_whole_or_names_the_batch() -> None:
         with pytest.raises(ProblemError) as err:
             microbatch_count(**({"global_batch": 32, "dp": 4, "mbs": 2} | {field: 0}))
         assert err.value.field == field
+    with pytest.raises(ProblemError) as err:
+        Job(pp=2, microbatches=4, seq=128, layers=(3, -1))
+    assert err.value.field == "layers"
 
 
 def _pinned(schedule: str, placement: str = "loop", v: int | None = None) -> Job:
