@@ -198,6 +198,27 @@ def _patch_end_sleep() -> None:
 # ---------------------------------------------------------------- runs
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _agent_store() -> Any:
+    """A client of torchrun's own store (``--standalone``: the agent serves it at
+    ``MASTER_ADDR:MASTER_PORT``), used only to pass each case's port."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = int(os.environ.get("MASTER_PORT", "29500"))
+    return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=300))
+
+
 def run(cases_path: Path, out: Path) -> None:
     """Run every case in these processes; the last stage's rank writes OUT/NAME.json."""
     _patch_device()
@@ -221,12 +242,17 @@ def run(cases_path: Path, out: Path) -> None:
     MetricsProcessor.log = log_loss
     out.mkdir(parents=True, exist_ok=True)
     rank = int(os.environ.get("RANK", "0"))
-    port = int(os.environ.get("MASTER_PORT", "29500"))
+    agent = _agent_store()
     for index, case in enumerate(json.loads(cases_path.read_text())):
         # A fresh rendezvous store per case: a second process group on torchrun's own store
-        # reads the first one's keys and hangs (ranks leave a case up to 2 s apart).
+        # reads the first one's keys and hangs (ranks leave a case up to 2 s apart). Its
+        # port is one the system has free when rank 0 asks (a fixed one may be taken by
+        # another job's sockets), passed to the other ranks through torchrun's store.
         os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
-        os.environ["MASTER_PORT"] = str(port + 1 + index)
+        key = f"pp_opt_case_port_{index}"
+        if rank == 0:
+            agent.set(key, str(_free_port()))
+        os.environ["MASTER_PORT"] = agent.get(key).decode()
         record.clear()
         started = time.perf_counter()
         record["start"] = started
