@@ -122,7 +122,7 @@ def test_a_signal_during_the_search_writes_the_best_schedule(tmp_path) -> None: 
     from pp_opt.cli import exit_codes
 
     problem = tmp_path / "tight.json"
-    pp_opt_problem = uniform_problem(p=8, m=24, placement="v", v=2, t_f=18.52, t_b=18.09,
+    pp_opt_problem = uniform_problem(p=8, m=12, placement="v", v=2, t_f=18.52, t_b=18.09,
                                      t_w=9.34, m_w=0.366, t_comm=0.6, cap=4.0)  # fmt: skip
     import json
 
