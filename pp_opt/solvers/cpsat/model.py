@@ -25,9 +25,14 @@ from pp_opt.solvers.cpsat.constraints import (
     add_symmetry_breaking,
     symmetry_chains,
 )
+from pp_opt.solvers.cpsat.memory_order import with_orders
 from pp_opt.solvers.cpsat.objective import add_heads_and_tails, add_objective
 from pp_opt.solvers.cpsat.scaling import Scaling, choose_scaling
-from pp_opt.solvers.cpsat.sequence import add_sequence_memory, uses_sequence_memory
+from pp_opt.solvers.cpsat.sequence import (
+    add_memory_orders,
+    add_sequence_memory,
+    uses_sequence_memory,
+)
 from pp_opt.solvers.cpsat.variables import (
     Variables,
     create_variables,
@@ -89,8 +94,13 @@ def build_model(
     add_no_overlap(model, v)
     check_time(deadline)
     sequence = _sequence_memory(options.memory_model, v)
+    paths = dag
     if sequence:
-        add_sequence_memory(model, v, dag, symmetry_chains(v))
+        chains = symmetry_chains(v)
+        forced = add_memory_orders(model, v, dag, chains)
+        add_sequence_memory(model, v, dag, chains + forced)
+        # Heads and tails through the orders every schedule keeps (memory_order's docstring).
+        paths = with_orders(dag, chains + forced)
     else:
         add_memory(model, v)
     check_time(deadline)
@@ -101,7 +111,7 @@ def build_model(
         lower = math.ceil(bound * scaling.time - 1e-6)
     obj = add_objective(model, v, options.objective, upper=upper, lower=lower)
     if options.objective == "makespan":
-        add_heads_and_tails(model, v, dag, obj)
+        add_heads_and_tails(model, v, paths, obj)
     if warm is not None:
         add_hints(model, v, warm, obj, options.objective)
     return CpsatModel(model=model, vars=v, objective=obj, scaling=scaling, sequence_memory=sequence)

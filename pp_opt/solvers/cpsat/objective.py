@@ -73,6 +73,8 @@ def add_heads_and_tails(
     in every schedule of the model. They are implied by the precedences, but stated per op
     they put the critical paths into CP-SAT's linear relaxation, which is what its bound on
     tight-memory problems is made of (one device's order decides, the others add paths).
+    ``dag`` may hold further orders every schedule of the model keeps (edges of latency 0:
+    the symmetry breaking, :mod:`.memory_order`); their paths hold as well.
     """
     required = {k: op for k, op in v.ops.items() if op.present is None}
     lat = {(a, b): v.scaling.t(x) for a, b, x in dag.edges(data="latency")}

@@ -32,9 +32,15 @@ from ortools.sat.python import cp_model, cp_model_helper
 
 from pp_opt.ops import OpKey, OpKind, Stream
 from pp_opt.solvers.cpsat.constraints import memory_uses
+from pp_opt.solvers.cpsat.memory_order import memory_orders
 from pp_opt.solvers.cpsat.variables import OpVar, Variables
 
-__all__ = ["SEQUENCE_MAX_DEVICE_OPS", "add_sequence_memory", "uses_sequence_memory"]
+__all__ = [
+    "SEQUENCE_MAX_DEVICE_OPS",
+    "add_memory_orders",
+    "add_sequence_memory",
+    "uses_sequence_memory",
+]
 
 SEQUENCE_MAX_DEVICE_OPS = 100
 """Largest number of compute ops on one device for which the memory is modelled over
@@ -85,12 +91,7 @@ def add_sequence_memory(
     constraints themselves are added by :func:`~.constraints.add_symmetry_breaking`).
     """
     after = _orders(v, dag, chains)
-    by_device: dict[int, list[OpVar]] = defaultdict(list)
-    for op in v.ops.values():
-        if op.stream is Stream.COMPUTE and op.key.kind in _COMPUTE:
-            by_device[op.device].append(op)
-    for device, ops in sorted(by_device.items()):
-        ops.sort(key=lambda o: (o.key.microbatch, o.key.stage, o.key.kind.value))
+    for device, ops in sorted(_by_device(v).items()):
         before = _pair_literals(model, ops, after, v.orders)
         room = v.scaling.cap(v.problem.activation_room(device))
         alloc: dict[OpKey, int] = defaultdict(int)
@@ -119,6 +120,34 @@ def add_sequence_memory(
                     model.add_bool_or([])  # no order fits: infeasible
                 continue
             model.add(level + sum(terms) <= room)
+
+
+def add_memory_orders(
+    model: cp_model.CpModel, v: Variables, dag: nx.DiGraph, chains: list[tuple[OpKey, OpKey]]
+) -> list[tuple[OpKey, OpKey]]:
+    """State the orders the caps force (:mod:`.memory_order`) and return them: ``y`` ends
+    before ``x`` starts for each pair ``(y, x)``."""
+    graph = nx.DiGraph(dag)
+    graph.add_edges_from(chains)
+    by_device = _by_device(v)
+    keys = {d: [o.key for o in ops] for d, ops in by_device.items()}
+    lifetimes = {d: _lifetimes(v, ops) for d, ops in by_device.items()}
+    rooms = {d: v.scaling.cap(v.problem.activation_room(d)) for d in by_device}
+    pairs = memory_orders(graph, keys, lifetimes, rooms)
+    for y, x in pairs:
+        model.add(v.ops[y].end <= v.ops[x].start)
+    return pairs
+
+
+def _by_device(v: Variables) -> dict[int, list[OpVar]]:
+    """Each device's compute ops, microbatch by microbatch."""
+    by_device: dict[int, list[OpVar]] = defaultdict(list)
+    for op in v.ops.values():
+        if op.stream is Stream.COMPUTE and op.key.kind in _COMPUTE:
+            by_device[op.device].append(op)
+    for ops in by_device.values():
+        ops.sort(key=lambda o: (o.key.microbatch, o.key.stage, o.key.kind.value))
+    return dict(by_device)
 
 
 Before = dict[tuple[OpKey, OpKey], bool | cp_model.IntVar | cp_model_helper.Literal]
