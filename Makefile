@@ -1,6 +1,7 @@
 # Two entry points for a fresh machine with Python 3.11: `make demo` and `make test`.
-# Each creates .venv on first use. torch==2.13.0 is installed first, on its own, because
-# that exact pin is a local CPU build; any other spec may pull a multi-GB CUDA build.
+# Each creates .venv on first use: make demo installs pp_opt with its plots; make test and
+# make lint add the rest. torch==2.13.0 is installed before them, on its own, because that
+# exact pin is a local CPU build; any other spec may pull a multi-GB CUDA build.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -11,9 +12,11 @@ OUT    ?= out
 TT_VENV ?= .venv-torchtitan
 TT_PIP  := $(TT_VENV)/bin/python -m pip install --quiet -c $(TT_VENV)/constraints.txt
 
-.PHONY: venv torchtitan-venv demo test lint bench clean
+.PHONY: venv test-venv torchtitan-venv demo test lint bench clean
 
 venv: $(VENV)/.installed
+
+test-venv: $(VENV)/.test-installed
 
 torchtitan-venv: $(TT_VENV)/.installed
 
@@ -29,12 +32,19 @@ $(TT_VENV)/.installed: Makefile
 	$(TT_PIP) --no-deps triton
 	touch $@
 
+# What make demo needs: pp_opt and matplotlib (its plots); the solvers come with pp_opt.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[plot]'
+	touch $@
+
+# What the tests and the lint need besides: torch (first, on its own), the dev tools, Ray,
+# and megatron-core (its argument parser checks the printed Megatron-LM flags).
+$(VENV)/.test-installed: $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[dev,plot,torch,ray]'
 	echo "torch==2.13.0" > $(VENV)/constraints.txt
+	$(BIN)/python -m pip install --quiet -c $(VENV)/constraints.txt -e '.[dev,plot,torch,ray]'
 	$(BIN)/python -m pip install --quiet -c $(VENV)/constraints.txt megatron-core==0.16.1
 	touch $@
 
@@ -58,11 +68,11 @@ demo: venv
 # or so (marker timing) run afterwards, alone. TEST_WORKERS=0 runs the rest in one process.
 TEST_WORKERS ?= 2
 
-test: venv torchtitan-venv
+test: test-venv torchtitan-venv
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m 'not fuzz and not timing'
 	$(BIN)/python -m pytest -m 'timing and not fuzz'
 
-lint: venv
+lint: test-venv
 	$(BIN)/ruff check pp_opt tests scripts examples
 	$(BIN)/ruff format --check pp_opt tests scripts examples
 	$(BIN)/mypy pp_opt
