@@ -20,6 +20,8 @@ CONFIGS: list[dict[str, Any]] = [
     dict(tp=1, pp=4, v=2, layers=[4] * 8, recompute=False),
     dict(tp=1, pp=4, v=1, layers=[9, 8, 8, 7], recompute=False),
     dict(tp=1, pp=4, v=1, layers=[8, 9, 7, 8], recompute=False),
+    dict(tp=1, pp=4, v=1, layers=[8] * 4, recompute=False, full_layers=(3,) * 4),
+    dict(tp=1, pp=4, v=1, layers=[8] * 4, recompute=False, activation_checkpoint="selective"),
 ]
 
 
@@ -27,7 +29,8 @@ def _printed() -> set[str]:
     flags: set[str] = set()
     for c in CONFIGS:
         job = Job(pp=c["pp"], v=c["v"], tp=c["tp"], layers=tuple(c["layers"]), mbs=1,
-                  microbatches=16, seq=4096)  # fmt: skip
+                  microbatches=16, seq=4096, full_layers=c.get("full_layers", ()),
+                  activation_checkpoint=c.get("activation_checkpoint", "none"))  # fmt: skip
         printed = megatron_flags(job, n_layers=sum(c["layers"]), recompute=c["recompute"])
         flags |= {f for f in printed if f.startswith("--")}
     return flags
@@ -57,3 +60,29 @@ def test_each_flag_sets_a_megatron_core_field(flag: str) -> None:
         assert ".py:" in fact.declared and RELEASE.endswith("0.16.1")
     if fact.config == "ModelParallelConfig":  # TransformerConfig inherits it
         assert fact.field in _fields("TransformerConfig")
+
+
+def test_printed_recompute_values_pass_megatron_core_checks() -> None:
+    """The recompute flags' values (full/selective, uniform/block, the layer count) are ones
+    megatron-core's ``TransformerConfig`` accepts (it raises ValueError otherwise)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    seen = set()
+    for c in CONFIGS:
+        job = Job(pp=c["pp"], v=c["v"], tp=c["tp"], layers=tuple(c["layers"]), mbs=1,
+                  microbatches=16, seq=4096, full_layers=c.get("full_layers", ()),
+                  activation_checkpoint=c.get("activation_checkpoint", "none"))  # fmt: skip
+        printed = megatron_flags(job, n_layers=sum(c["layers"]), recompute=c["recompute"])
+        values = {
+            MEGATRON_FLAGS[f].field: printed[i + 1]
+            for i, f in enumerate(printed)
+            if f.startswith("--recompute-")
+        }
+        if not values:
+            continue
+        if "recompute_num_layers" in values:
+            values["recompute_num_layers"] = int(values["recompute_num_layers"])
+        config = TransformerConfig(num_layers=sum(c["layers"]), hidden_size=256,
+                                   num_attention_heads=8, **values)  # fmt: skip
+        seen.add((config.recompute_granularity, config.recompute_method))
+    assert seen == {("full", "uniform"), ("full", "block"), ("selective", None)}

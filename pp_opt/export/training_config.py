@@ -34,6 +34,34 @@ _RECOMPUTE_FLAGS = ("--recompute-granularity", "full", "--recompute-method", "un
                     "--recompute-num-layers", "1")  # fmt: skip
 
 
+def _checkpoint_flags(job: Job, *, recompute: bool) -> tuple[str, ...]:
+    """Megatron-LM's activation recompute flags for the job's checkpointing (megatron-core
+    ``TransformerConfig.recompute_granularity/method/num_layers``): ``full`` -> every layer
+    (uniform, 1); ``full_layers`` -> the block method, one count for every stage;
+    ``selective`` -> the attention core (Megatron's own selective, Korthikanti et al.)."""
+    mode = job.activation_checkpoint
+    if recompute or mode == "full":
+        return _RECOMPUTE_FLAGS
+    if job.full_layers and any(job.full_layers):
+        counts = set(job.full_layers)
+        if len(counts) > 1 or mode != "none":
+            raise ProblemError(
+                "full_layers", f"Megatron-LM checkpoints one number of layers on every stage "
+                f"and nothing else (block method); got {list(job.full_layers)} with the rest "
+                f"{mode}: give every stage the same count and activation_checkpoint none"
+            )  # fmt: skip
+        return ("--recompute-granularity", "full", "--recompute-method", "block",
+                "--recompute-num-layers", str(counts.pop()))  # fmt: skip
+    if mode == "selective":
+        return ("--recompute-granularity", "selective")
+    if mode == "selective_op":
+        raise ProblemError(
+            "activation_checkpoint", "Megatron-LM has no op-level selective checkpointing "
+            "(torchtitan's selective_op); use none, selective or full for Megatron-LM"
+        )  # fmt: skip
+    return ()
+
+
 # ---------------------------------------------------------------- checks
 
 
@@ -109,7 +137,10 @@ def megatron_flags(job: Job, *, n_layers: int | None = None, recompute: bool = F
     recompute
         Full activation recompute of every layer (``--recompute-granularity full
         --recompute-method uniform --recompute-num-layers 1``): Megatron-LM recomputes
-        every microbatch, where pp_opt's schedule may recompute only some.
+        every microbatch, where pp_opt's schedule may recompute only some. Without it the
+        job's own checkpointing gives the flags (:func:`_checkpoint_flags`); torchtitan's
+        ``selective_op`` and uneven ``full_layers`` raise :class:`ProblemError` (Megatron-LM
+        cannot run them).
 
     Returns
     -------
@@ -135,6 +166,4 @@ def megatron_flags(job: Job, *, n_layers: int | None = None, recompute: bool = F
         "--micro-batch-size", str(job.mbs),
         "--global-batch-size", str(job.global_batch),
     ]  # fmt: skip
-    if recompute:
-        flags += _RECOMPUTE_FLAGS
-    return flags
+    return flags + list(_checkpoint_flags(job, recompute=recompute))
