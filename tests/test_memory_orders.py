@@ -6,7 +6,8 @@
   while ``B(7, k)`` has not ended, so ``B(7, j - 2)`` must end first (``j + 1 - (j - 2) = 3
   > 2.5``).
 - Every forced pair holds in valid schedules of those instances (rule schedules and a
-  solved one), each renumbered in the microbatch order the symmetry breaking assumes.
+  solved one), each renumbered in the microbatch order the symmetry breaking assumes and
+  with its alike ``W`` in the order of their backwards (:mod:`~pp_opt.solvers.cpsat.w_order`).
 - With the forced orders the model still proves the known optima (the README's table).
 """
 
@@ -28,6 +29,7 @@ from pp_opt.solvers.base import SolveOptions
 from pp_opt.solvers.cpsat.constraints import symmetry_chains
 from pp_opt.solvers.cpsat.model import build_model
 from pp_opt.solvers.cpsat.sequence import add_memory_orders
+from pp_opt.solvers.cpsat.w_order import in_w_order
 
 
 def _family(p: int, m: int, cap: float) -> Problem:
@@ -53,6 +55,24 @@ def _in_microbatch_order(schedule: Schedule) -> dict[OpKey, ScheduledOp]:
     for (kind, stage), ops in groups.items():
         for j, op in enumerate(sorted(ops, key=lambda o: (o.start, o.microbatch))):
             out[OpKey(kind, stage, j)] = replace(op, microbatch=j)
+    return _alike_w_in_backward_order(out, schedule.problem)
+
+
+def _alike_w_in_backward_order(
+    ops: dict[OpKey, ScheduledOp], problem: Problem
+) -> dict[OpKey, ScheduledOp]:
+    """The same ops with each device's ``W`` slots given to their owners in the order of
+    the ``B`` (the reassignment :mod:`pp_opt.solvers.cpsat.w_order` keeps; every ``W`` of
+    this family is alike)."""
+    by_device: dict[int, list[OpKey]] = defaultdict(list)
+    for key, op in ops.items():
+        by_device[problem.device_of(op.stage)].append(key)
+    out = dict(ops)
+    for keys in by_device.values():
+        seq = sorted(keys, key=lambda k: ops[k].start)
+        for slot, owner in zip(seq, in_w_order(seq, lambda k: 0), strict=True):
+            if slot != owner:
+                out[owner] = replace(ops[slot], stage=owner.stage, microbatch=owner.microbatch)
     return out
 
 

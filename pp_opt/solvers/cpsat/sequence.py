@@ -26,6 +26,7 @@ those models keep the cumulative of :func:`~.constraints.add_memory`.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 
 import networkx as nx
 from ortools.sat.python import cp_model, cp_model_helper
@@ -34,6 +35,7 @@ from pp_opt.ops import OpKey, OpKind, Stream
 from pp_opt.solvers.cpsat.constraints import memory_uses
 from pp_opt.solvers.cpsat.memory_order import memory_orders
 from pp_opt.solvers.cpsat.variables import OpVar, Variables
+from pp_opt.solvers.cpsat.w_order import add_w_order, implied_w_orders
 
 __all__ = [
     "SEQUENCE_MAX_DEVICE_OPS",
@@ -99,6 +101,8 @@ def add_sequence_memory(
         for size, a, f in _lifetimes(v, ops):
             alloc[a] += size
             free[f] += size
+        # Alike W (as long, freeing as much) run in their backwards' order (w_order).
+        add_w_order(model, [o.key for o in ops], before, _alike(v, {device: _lifetimes(v, ops)}))
         for x in ops:
             if x.key.kind is not OpKind.F:
                 continue
@@ -125,18 +129,44 @@ def add_sequence_memory(
 def add_memory_orders(
     model: cp_model.CpModel, v: Variables, dag: nx.DiGraph, chains: list[tuple[OpKey, OpKey]]
 ) -> list[tuple[OpKey, OpKey]]:
-    """State the orders the caps force (:mod:`.memory_order`) and return them: ``y`` ends
-    before ``x`` starts for each pair ``(y, x)``."""
+    """State the orders the caps force (:mod:`.memory_order`) and those of alike ``W`` whose
+    backwards are ordered (:mod:`.w_order`), and return them: ``y`` ends before ``x``
+    starts for each pair ``(y, x)``."""
     graph = nx.DiGraph(dag)
     graph.add_edges_from(chains)
     by_device = _by_device(v)
     keys = {d: [o.key for o in ops] for d, ops in by_device.items()}
     lifetimes = {d: _lifetimes(v, ops) for d, ops in by_device.items()}
     rooms = {d: v.scaling.cap(v.problem.activation_room(d)) for d in by_device}
-    pairs = memory_orders(graph, keys, lifetimes, rooms)
+    pairs: list[tuple[OpKey, OpKey]] = []
+    while True:  # each side's orders may give the other new ones
+        pairs += memory_orders(graph, keys, lifetimes, rooms)
+        graph.add_edges_from(pairs)
+        alike = _alike(v, lifetimes)
+        w_pairs = implied_w_orders(graph, keys, alike)
+        if not w_pairs:
+            break
+        pairs += w_pairs
+        graph.add_edges_from(w_pairs)
     for y, x in pairs:
         model.add(v.ops[y].end <= v.ops[x].start)
     return pairs
+
+
+def _alike(
+    v: Variables, lifetimes: dict[int, list[tuple[int, OpKey, OpKey]]]
+) -> Callable[[OpKey], tuple[int, int]]:
+    """What makes two ``W`` of a device interchangeable (:mod:`.w_order`): their size and
+    the memory they free."""
+    freed: dict[OpKey, int] = defaultdict(int)
+    for own in lifetimes.values():
+        for size, _a, f in own:
+            freed[f] += size
+
+    def alike(key: OpKey) -> tuple[int, int]:
+        return v.ops[key].size, freed[key]
+
+    return alike
 
 
 def _by_device(v: Variables) -> dict[int, list[OpVar]]:
