@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -29,8 +30,11 @@ import tight_instances  # noqa: E402
 from pp_opt.dag import stage_latency  # noqa: E402
 from pp_opt.problem import Problem  # noqa: E402
 
-SCALE = 100
-"""Time and memory units per problem unit (the family's numbers are two-decimal)."""
+
+def _units(values: list[float]) -> float:
+    """Integer units per problem unit: hundredths, divided by their greatest common divisor
+    (CP-SAT answers these questions faster on small numbers)."""
+    return 100 / math.gcd(*(round(v * 100) for v in values if v > 0))
 
 
 def periodic_feasible(
@@ -38,11 +42,14 @@ def periodic_feasible(
     time_limit: float,
 ) -> str:  # fmt: skip
     """CP-SAT's answer (``OPTIMAL`` = such a schedule exists, ``INFEASIBLE``, ``UNKNOWN``)."""
-    h = round(period * SCALE)
     stages = range(problem.num_stages)
+    st = problem.stages
+    unit = _units([problem.t_comm, period] + [getattr(x, f"t_{o}") for x in st for o in "fbw"])
+    mem = _units([x.m_b - x.m_w for x in st] + [x.m_w for x in st] + list(caps.values()))
+    h = round(period * unit)
     dev = [problem.device_of(s) for s in stages]
     lag = stage_latency(problem)
-    dur = {(s, o): round(getattr(problem.stages[s], f"t_{o.lower()}") * SCALE)
+    dur = {(s, o): round(getattr(st[s], f"t_{o.lower()}") * unit)
            for s in stages for o in "FBW"}  # fmt: skip
     span = 4 * h  # an op starts within four periods of its microbatch's first forward
     model = cp_model.CpModel()
@@ -53,7 +60,7 @@ def periodic_feasible(
     for j in range(k):
         for s in stages:
             if s < last:
-                gap = round(lag(s, s + 1) * SCALE)
+                gap = round(lag(s, s + 1) * unit)
                 model.add(x[(s + 1, j, "F")] >= x[(s, j, "F")] + dur[(s, "F")] + gap)
                 model.add(x[(s, j, "B")] >= x[(s + 1, j, "B")] + dur[(s + 1, "B")] + gap)
             model.add(x[(s, j, "W")] >= x[(s, j, "B")] + dur[(s, "B")])
@@ -67,23 +74,22 @@ def periodic_feasible(
     for d in range(problem.p):
         ops, held, demand = [], [], []
         for s in (s for s in stages if dev[s] == d):
-            st = problem.stages[s]
             for j in range(k):
                 for n in copies:
                     for o in "FBW":
                         ops.append(model.new_fixed_size_interval_var(
                             x[(s, j, o)] + n * h, dur[(s, o)], ""))  # fmt: skip
                     f = x[(s, j, "F")] + n * h
-                    for o, amount in (("B", st.m_b - st.m_w), ("W", st.m_w)):
+                    for o, amount in (("B", st[s].m_b - st[s].m_w), ("W", st[s].m_w)):
                         end = x[(s, j, o)] + dur[(s, o)] + n * h
                         size = model.new_int_var(0, 10 * span, "")
                         model.add(size == end - f)
                         held.append(model.new_interval_var(f, size, end, ""))
-                        demand.append(round(amount * SCALE))
+                        demand.append(round(amount * mem))
         if d in busy:
             model.add_no_overlap(ops)
         if d in caps:
-            model.add_cumulative(held, demand, round(caps[d] * SCALE))
+            model.add_cumulative(held, demand, round(caps[d] * mem))
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit
     solver.parameters.num_workers = 2
@@ -108,7 +114,8 @@ def main() -> None:
     busy = {int(d) for d in args.busy.split(",") if d} or set(every)
     caps = {d: problem.activation_room(d) for d in capped}
     rows = []
-    print(f"{'k':>2} {'per microbatch':>14} {'period':>7}  answer   (caps on {capped}, busy {sorted(busy)})")
+    print(f"caps on devices {capped}, one op at a time on {sorted(busy)}")
+    print(f"{'k':>2} {'per microbatch':>14} {'period':>7}  answer")
     for rate in (float(r) for r in args.rates.split(",")):
         answer = periodic_feasible(problem, k=args.k, period=args.k * rate, caps=caps,
                                    busy=busy, time_limit=args.time_limit)  # fmt: skip
