@@ -98,11 +98,12 @@ def add_sequence_memory(
         room = v.scaling.cap(v.problem.activation_room(device))
         alloc: dict[OpKey, int] = defaultdict(int)
         free: dict[OpKey, int] = defaultdict(int)
-        for size, a, f in _lifetimes(v, ops):
+        own = _lifetimes(v, ops)
+        for size, a, f in own:
             alloc[a] += size
             free[f] += size
         # Alike W (as long, freeing as much) run in their backwards' order (w_order).
-        add_w_order(model, [o.key for o in ops], before, _alike(v, {device: _lifetimes(v, ops)}))
+        add_w_order(model, [o.key for o in ops], before, _alike(v, {device: own}))
         for x in ops:
             if x.key.kind is not OpKind.F:
                 continue
@@ -138,11 +139,11 @@ def add_memory_orders(
     keys = {d: [o.key for o in ops] for d, ops in by_device.items()}
     lifetimes = {d: _lifetimes(v, ops) for d, ops in by_device.items()}
     rooms = {d: v.scaling.cap(v.problem.activation_room(d)) for d in by_device}
+    alike = _alike(v, lifetimes)
     pairs: list[tuple[OpKey, OpKey]] = []
     while True:  # each side's orders may give the other new ones
         pairs += memory_orders(graph, keys, lifetimes, rooms)
         graph.add_edges_from(pairs)
-        alike = _alike(v, lifetimes)
         w_pairs = implied_w_orders(graph, keys, alike)
         if not w_pairs:
             break

@@ -110,7 +110,7 @@ def in_w_order(sequence: Sequence[OpKey], alike: Callable[[OpKey], Hashable]) ->
     for where in slots.values():
         owners = sorted(
             (sequence[i] for i in where),
-            key=lambda w: position.get(OpKey(OpKind.B, w.stage, w.microbatch), -1),
+            key=lambda w: position.get(_backward(w), -1),
         )
         for i, w in zip(where, owners, strict=True):
             out[i] = w
