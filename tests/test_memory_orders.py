@@ -29,7 +29,7 @@ from pp_opt.solvers.base import SolveOptions
 from pp_opt.solvers.cpsat.constraints import symmetry_chains
 from pp_opt.solvers.cpsat.model import build_model
 from pp_opt.solvers.cpsat.sequence import add_memory_orders
-from pp_opt.solvers.cpsat.w_order import in_w_order
+from pp_opt.solvers.cpsat.w_order import in_w_order, w_class
 
 
 def _family(p: int, m: int, cap: float) -> Problem:
@@ -62,15 +62,14 @@ def _alike_w_in_backward_order(
     ops: dict[OpKey, ScheduledOp], problem: Problem
 ) -> dict[OpKey, ScheduledOp]:
     """The same ops with each device's ``W`` slots given to their owners in the order of
-    the ``B`` (the reassignment :mod:`pp_opt.solvers.cpsat.w_order` keeps; every ``W`` of
-    this family is alike)."""
+    the ``B`` (the reassignment :mod:`pp_opt.solvers.cpsat.w_order` keeps)."""
     by_device: dict[int, list[OpKey]] = defaultdict(list)
     for key, op in ops.items():
         by_device[problem.device_of(op.stage)].append(key)
     out = dict(ops)
     for keys in by_device.values():
         seq = sorted(keys, key=lambda k: ops[k].start)
-        for slot, owner in zip(seq, in_w_order(seq, lambda k: 0), strict=True):
+        for slot, owner in zip(seq, in_w_order(seq, w_class(problem)), strict=True):
             if slot != owner:
                 out[owner] = replace(ops[slot], stage=owner.stage, microbatch=owner.microbatch)
     return out

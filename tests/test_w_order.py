@@ -14,7 +14,7 @@ import pytest
 
 from pp_opt import baseline, validate
 from pp_opt.dag import dag_for
-from pp_opt.ops import OpKey, OpKind, Stream, duration, memory_delta
+from pp_opt.ops import OpKey, OpKind, Stream
 from pp_opt.order import Order
 from pp_opt.problem import Problem, uniform_problem
 from pp_opt.schedule import Schedule
@@ -22,7 +22,7 @@ from pp_opt.simulator import order_of, simulate
 from pp_opt.solvers import solve
 from pp_opt.solvers.base import SolveOptions
 from pp_opt.solvers.cpsat import solve_cpsat
-from pp_opt.solvers.cpsat.w_order import in_w_order
+from pp_opt.solvers.cpsat.w_order import in_w_order, w_class
 
 F, B, W = OpKind.F, OpKind.B, OpKind.W
 
@@ -34,24 +34,17 @@ def _family(p: int, m: int, cap: float, placement: str = "v") -> Problem:
     return problem.replace(objective="makespan")
 
 
-def _alike(problem: Problem):  # type: ignore[no-untyped-def]
-    def alike(key: OpKey) -> tuple[float, float]:
-        return duration(problem, key.kind, key.stage), memory_delta(problem, key.kind, key.stage)[1]
-
-    return alike
-
-
 def test_slots_keep_their_places_and_follow_the_backwards() -> None:
     problem = _family(2, 2, 4.0)
     seq = [OpKey(B, 3, 0), OpKey(B, 0, 0), OpKey(W, 0, 0), OpKey(F, 0, 1), OpKey(W, 3, 0)]
-    assert in_w_order(seq, _alike(problem)) == [
+    assert in_w_order(seq, w_class(problem)) == [
         OpKey(B, 3, 0), OpKey(B, 0, 0), OpKey(W, 3, 0), OpKey(F, 0, 1), OpKey(W, 0, 0),
     ]  # fmt: skip
 
 
 def _w_order_kept(schedule: Schedule) -> bool:
     """Whether each device runs its alike ``W`` in the order of their ``B``."""
-    alike = _alike(schedule.problem)
+    alike = w_class(schedule.problem)
     for own in schedule.by_device():
         seq = [op.key for op in sorted(own, key=lambda o: o.start) if op.stream is Stream.COMPUTE]
         if in_w_order(seq, alike) != seq:
@@ -65,7 +58,7 @@ def test_the_reassignment_keeps_a_schedule_valid_and_as_fast(rule: str) -> None:
     schedule = baseline(rule, problem)
     order = order_of(schedule)
     streams = {
-        key: in_w_order(keys, _alike(problem)) if key[1] is Stream.COMPUTE else keys
+        key: in_w_order(keys, w_class(problem)) if key[1] is Stream.COMPUTE else keys
         for key, keys in order.streams.items()
     }
     moved = simulate(Order(problem=problem, streams=streams, fractions=order.fractions,

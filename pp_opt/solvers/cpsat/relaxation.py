@@ -41,7 +41,7 @@ from pp_opt.dag import dag_for, longest_paths
 from pp_opt.ops import OpKey, OpKind, Stream, duration, memory_delta
 from pp_opt.order import Variant
 from pp_opt.problem import Problem
-from pp_opt.solvers.cpsat.w_order import add_w_order
+from pp_opt.solvers.cpsat.w_order import add_w_order, w_class
 from pp_opt.solvers.lifetimes import match_lifetimes
 from pp_opt.solvers.process.stop import Search, handling_signals
 
@@ -215,12 +215,11 @@ def _solve_device(
         model.add(start[b] >= start[a] + lag)
     before = _add_pair_orders(model, dag, mine, lags, start, dur)
     for device in devices:
+        keys = [k for k in mine if own[k]["device"] == device]
         # Alike W run in their backwards' order (w_order): some optimum does, so its
         # restriction to the device is a solution here.
-        add_w_order(model, [k for k in mine if own[k]["device"] == device], before,
-                    lambda k: (dur[k], memory_delta(problem, k.kind, k.stage)[1]))  # fmt: skip
-        _add_memory(model, problem, device, [k for k in mine if own[k]["device"] == device],
-                    before)  # fmt: skip
+        add_w_order(model, keys, before, w_class(problem))
+        _add_memory(model, problem, device, keys, before)
     floor = min(top, int(math.floor(lower * scale + 1e-9)))
     obj = model.new_int_var(floor, top, "objective")
     if objective == "makespan":

@@ -26,7 +26,6 @@ those models keep the cumulative of :func:`~.constraints.add_memory`.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
 
 import networkx as nx
 from ortools.sat.python import cp_model, cp_model_helper
@@ -35,7 +34,7 @@ from pp_opt.ops import OpKey, OpKind, Stream
 from pp_opt.solvers.cpsat.constraints import memory_uses
 from pp_opt.solvers.cpsat.memory_order import memory_orders
 from pp_opt.solvers.cpsat.variables import OpVar, Variables
-from pp_opt.solvers.cpsat.w_order import add_w_order, implied_w_orders
+from pp_opt.solvers.cpsat.w_order import add_w_order, implied_w_orders, w_class
 
 __all__ = [
     "SEQUENCE_MAX_DEVICE_OPS",
@@ -98,12 +97,11 @@ def add_sequence_memory(
         room = v.scaling.cap(v.problem.activation_room(device))
         alloc: dict[OpKey, int] = defaultdict(int)
         free: dict[OpKey, int] = defaultdict(int)
-        own = _lifetimes(v, ops)
-        for size, a, f in own:
+        for size, a, f in _lifetimes(v, ops):
             alloc[a] += size
             free[f] += size
         # Alike W (as long, freeing as much) run in their backwards' order (w_order).
-        add_w_order(model, [o.key for o in ops], before, _alike(v, {device: own}))
+        add_w_order(model, [o.key for o in ops], before, w_class(v.problem))
         for x in ops:
             if x.key.kind is not OpKind.F:
                 continue
@@ -139,7 +137,7 @@ def add_memory_orders(
     keys = {d: [o.key for o in ops] for d, ops in by_device.items()}
     lifetimes = {d: _lifetimes(v, ops) for d, ops in by_device.items()}
     rooms = {d: v.scaling.cap(v.problem.activation_room(d)) for d in by_device}
-    alike = _alike(v, lifetimes)
+    alike = w_class(v.problem)
     pairs: list[tuple[OpKey, OpKey]] = []
     while True:  # each side's orders may give the other new ones
         pairs += memory_orders(graph, keys, lifetimes, rooms)
@@ -152,22 +150,6 @@ def add_memory_orders(
     for y, x in pairs:
         model.add(v.ops[y].end <= v.ops[x].start)
     return pairs
-
-
-def _alike(
-    v: Variables, lifetimes: dict[int, list[tuple[int, OpKey, OpKey]]]
-) -> Callable[[OpKey], tuple[int, int]]:
-    """What makes two ``W`` of a device interchangeable (:mod:`.w_order`): their size and
-    the memory they free."""
-    freed: dict[OpKey, int] = defaultdict(int)
-    for own in lifetimes.values():
-        for size, _a, f in own:
-            freed[f] += size
-
-    def alike(key: OpKey) -> tuple[int, int]:
-        return v.ops[key].size, freed[key]
-
-    return alike
 
 
 def _by_device(v: Variables) -> dict[int, list[OpVar]]:

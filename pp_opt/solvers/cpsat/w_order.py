@@ -28,12 +28,22 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 import networkx as nx
 from ortools.sat.python import cp_model, cp_model_helper
 
-from pp_opt.ops import OpKey, OpKind
+from pp_opt.ops import OpKey, OpKind, duration, memory_delta
+from pp_opt.problem import Problem
 
-__all__ = ["add_w_order", "alike_pairs", "implied_w_orders", "in_w_order"]
+__all__ = ["add_w_order", "alike_pairs", "implied_w_orders", "in_w_order", "w_class"]
 
 Lit = bool | cp_model.IntVar | cp_model_helper.Literal
 """A pair's order: fixed (True/False) or a literal for "the first ends before the other"."""
+
+
+def w_class(problem: Problem) -> Callable[[OpKey], Hashable]:
+    """What makes two ``W`` of a device alike: their duration and the memory they free."""
+
+    def alike(key: OpKey) -> tuple[float, float]:
+        return duration(problem, key.kind, key.stage), memory_delta(problem, key.kind, key.stage)[1]
+
+    return alike
 
 
 def alike_pairs(

@@ -7,13 +7,13 @@ import logging
 import networkx as nx
 from ortools.sat.python import cp_model
 
-from pp_opt.ops import OpKey, OpKind, Stream, duration, memory_delta
+from pp_opt.ops import OpKey, OpKind, Stream
 from pp_opt.order import Order
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule
 from pp_opt.simulator import order_of, simulate
 from pp_opt.solvers.cpsat.variables import OpVar, Variables
-from pp_opt.solvers.cpsat.w_order import in_w_order
+from pp_opt.solvers.cpsat.w_order import in_w_order, w_class
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +42,7 @@ def warm_times(
             order.setdefault((device, op.stream), []).extend(keys)
     if split and not dag.graph.get("offload") and not dag.graph.get("recompute"):
         # The sequence model runs alike W in their backwards' order (w_order): so does the hint.
-        def alike(k: OpKey) -> tuple[float, float]:
-            return duration(problem, k.kind, k.stage), memory_delta(problem, k.kind, k.stage)[1]
-
+        alike = w_class(problem)
         for (device, stream), keys in order.items():
             if stream is Stream.COMPUTE:
                 order[(device, stream)] = in_w_order(keys, alike)
