@@ -41,6 +41,7 @@ from pp_opt.dag import dag_for, longest_paths
 from pp_opt.ops import OpKey, OpKind, Stream, duration, memory_delta
 from pp_opt.order import Variant
 from pp_opt.problem import Problem
+from pp_opt.solvers.cpsat.sequence import add_order_steps
 from pp_opt.solvers.cpsat.w_order import add_w_order, w_class
 from pp_opt.solvers.lifetimes import match_lifetimes
 from pp_opt.solvers.process.stop import Search, handling_signals
@@ -219,6 +220,7 @@ def _solve_device(
         # Alike W run in their backwards' order (w_order): some optimum does, so its
         # restriction to the device is a solution here.
         add_w_order(model, keys, before, w_class(problem))
+        add_order_steps(model, [k for k in keys if dur[k] > 0], before)
         _add_memory(model, problem, device, keys, before)
     floor = min(top, int(math.floor(lower * scale + 1e-9)))
     obj = model.new_int_var(floor, top, "objective")
