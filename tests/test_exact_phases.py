@@ -81,6 +81,29 @@ def test_the_proving_phase_finds_better_than_a_poor_incumbent() -> None:
     assert schedule.metrics.makespan == pytest.approx(value / scale)
 
 
+def test_a_search_left_without_time_proves_from_the_warm_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When the relaxation and the model take the search's share (p 4, m 12, cap 3 at 60 s
+    did), the proof starts from the warm start instead of giving up, and the relaxation's
+    bound is kept when nothing is found at all."""
+    import pp_opt.solvers.cpsat as cpsat
+
+    monkeypatch.setattr(cpsat, "SEARCH_SHARE", 0.0)
+    problem = _v(3, 6, 2.5)
+    dag = dag_for(problem)
+    warm = baseline("v-half", problem)  # 18.3; the optimum is 18.0
+    result = cpsat.solve_cpsat(problem, dag, SolveOptions(time_limit=20.0, threads=2,
+                                                          warm_start=warm))  # fmt: skip
+    assert result.status == Status.OPTIMAL
+    assert result.objective == pytest.approx(18.0) and result.bound == pytest.approx(18.0)
+    schedule = as_schedule(problem, result.ops, warm.variant)
+    assert not validate(schedule)
+    bare = cpsat.solve_cpsat(problem, dag, SolveOptions(time_limit=20.0, threads=2))
+    assert bare.status == Status.TIMEOUT and bare.ops is None
+    assert bare.bound is not None and 17.0 < bare.bound <= 18.0 + 1e-9
+
+
 def _v_offload(cap: float):  # noqa: ANN202 - a Problem
     import dataclasses
 

@@ -102,11 +102,16 @@ def _solve(
     )
     if ordered is not None and (first is None or first[3] is None or ordered[1] < first[1]):
         first = (Status.FEASIBLE, ordered[1], None, ordered[3])  # its bound holds for its order
+    if first is None and proving and built.upper is not None and not search.stopped:
+        # The relaxation and the model took the search's share: the proof starts from the
+        # warm start (ops None: the API has it), which it tries to beat.
+        first = (Status.FEASIBLE, built.upper, None, None)
     if first is None:
-        return BackendResult(status=Status.TIMEOUT, objective=None, bound=None,
+        return BackendResult(status=Status.TIMEOUT, objective=None,
+                             bound=None if relaxed is None else relaxed.value,
                              seconds=time.perf_counter() - started, ops=None)  # fmt: skip
     status, objective, bound, ops = first
-    if status == "infeasible" or ops is None:
+    if status == "infeasible":
         return BackendResult(status=status, objective=None, bound=None,
                              seconds=time.perf_counter() - started, ops=None)  # fmt: skip
     if proving and status != Status.OPTIMAL and not search.stopped:

@@ -52,6 +52,8 @@ class CpsatModel:
     scaling: Scaling
     sequence_memory: bool = False
     """Whether the memory is modelled over the op sequence (:mod:`.sequence`)."""
+    upper: int | None = None
+    """The warm start's objective (model units), which bounds the model's; None without one."""
 
 
 def build_model(
@@ -114,7 +116,8 @@ def build_model(
         add_heads_and_tails(model, v, paths, obj)
     if warm is not None:
         add_hints(model, v, warm, obj, options.objective)
-    return CpsatModel(model=model, vars=v, objective=obj, scaling=scaling, sequence_memory=sequence)
+    return CpsatModel(model=model, vars=v, objective=obj, scaling=scaling, sequence_memory=sequence,
+                      upper=upper)  # fmt: skip
 
 
 def _sequence_memory(choice: str, v: Variables) -> bool:
