@@ -21,7 +21,8 @@ from pp_opt.problem import Device, Problem, uniform_problem
 from pp_opt.simulator import order_of, simulate
 from pp_opt.solvers.base import SolveOptions
 from pp_opt.solvers.cpsat.model import build_model
-from pp_opt.solvers.cpsat.sequence import Before, add_order_steps
+from pp_opt.solvers.cpsat.sequence import add_order_steps
+from pp_opt.solvers.cpsat.variables import Before
 from pp_opt.solvers.cpsat.w_order import in_w_order, w_class
 
 F, B = OpKind.F, OpKind.B

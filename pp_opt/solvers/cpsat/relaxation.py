@@ -35,13 +35,14 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import networkx as nx
-from ortools.sat.python import cp_model, cp_model_helper
+from ortools.sat.python import cp_model
 
 from pp_opt.dag import dag_for, longest_paths
 from pp_opt.ops import OpKey, OpKind, Stream, duration, memory_delta
 from pp_opt.order import Variant
 from pp_opt.problem import Problem
 from pp_opt.solvers.cpsat.sequence import add_order_steps
+from pp_opt.solvers.cpsat.variables import Before
 from pp_opt.solvers.cpsat.w_order import add_w_order, w_class
 from pp_opt.solvers.lifetimes import match_lifetimes
 from pp_opt.solvers.process.stop import Search, handling_signals
@@ -50,8 +51,6 @@ __all__ = ["RelaxationBound", "device_relaxation_bound"]
 
 log = logging.getLogger(__name__)
 
-Lit = bool | cp_model.IntVar | cp_model_helper.Literal
-"""A pair's order: fixed (True/False) or a literal."""
 
 RELAXATION_MAX_DEVICE_OPS = 100
 """Largest number of compute ops on one device for which the relaxation is solved (one
@@ -263,14 +262,14 @@ def _add_pair_orders(
     lags: dict[tuple[OpKey, OpKey], int],
     start: dict[OpKey, cp_model.IntVar],
     dur: dict[OpKey, int],
-) -> dict[tuple[OpKey, OpKey], Lit]:
+) -> Before:
     """Which op of each pair on one device runs first: fixed where ``lags`` chain them,
     else a literal that keeps the two apart."""
     own = dag.nodes
     graph = nx.DiGraph(list(lags))
     graph.add_nodes_from(mine)
     after = {k: nx.descendants(graph, k) for k in mine}
-    before: dict[tuple[OpKey, OpKey], Lit] = {}
+    before: Before = {}
     for i, a in enumerate(mine):
         for b in mine[i + 1 :]:
             if own[a]["device"] != own[b]["device"]:
@@ -351,7 +350,7 @@ def _add_memory(
     problem: Problem,
     device: int,
     mine: list[OpKey],
-    before: dict[tuple[OpKey, OpKey], Lit],
+    before: Before,
 ) -> None:
     """The device's memory at each forward's start under its room (:mod:`.sequence`),
     demands rounded down and the room up on a fine scale."""

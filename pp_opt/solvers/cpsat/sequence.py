@@ -28,12 +28,12 @@ from __future__ import annotations
 from collections import defaultdict
 
 import networkx as nx
-from ortools.sat.python import cp_model, cp_model_helper
+from ortools.sat.python import cp_model
 
 from pp_opt.ops import OpKey, OpKind, Stream
 from pp_opt.solvers.cpsat.constraints import memory_uses
 from pp_opt.solvers.cpsat.memory_order import memory_orders
-from pp_opt.solvers.cpsat.variables import OpVar, Variables
+from pp_opt.solvers.cpsat.variables import Before, OpVar, Variables
 from pp_opt.solvers.cpsat.w_order import add_w_order, implied_w_orders, w_class
 
 __all__ = [
@@ -163,10 +163,6 @@ def _by_device(v: Variables) -> dict[int, list[OpVar]]:
     for ops in by_device.values():
         ops.sort(key=lambda o: (o.key.microbatch, o.key.stage, o.key.kind.value))
     return dict(by_device)
-
-
-Before = dict[tuple[OpKey, OpKey], bool | cp_model.IntVar | cp_model_helper.Literal]
-"""A pair's order: fixed (True/False) or a literal for "the first ends before the other"."""
 
 
 def _pair_literals(

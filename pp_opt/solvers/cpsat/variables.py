@@ -7,11 +7,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import networkx as nx
-from ortools.sat.python import cp_model
+from ortools.sat.python import cp_model, cp_model_helper
 
 from pp_opt.ops import OpKey, OpKind, Stream, duration
 from pp_opt.problem import Problem
 from pp_opt.solvers.cpsat.scaling import Scaling
+
+Lit = bool | cp_model.IntVar | cp_model_helper.Literal
+"""A pair's order: fixed (True/False) or a literal for "the first ends before the other"."""
+
+Before = dict[tuple[OpKey, OpKey], Lit]
+"""The order of each pair of a device's compute ops (:mod:`.sequence`, :mod:`.relaxation`)."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -26,15 +26,13 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import networkx as nx
-from ortools.sat.python import cp_model, cp_model_helper
+from ortools.sat.python import cp_model
 
 from pp_opt.ops import OpKey, OpKind, duration, memory_delta
 from pp_opt.problem import Problem
+from pp_opt.solvers.cpsat.variables import Lit
 
 __all__ = ["add_w_order", "alike_pairs", "implied_w_orders", "in_w_order", "w_class"]
-
-Lit = bool | cp_model.IntVar | cp_model_helper.Literal
-"""A pair's order: fixed (True/False) or a literal for "the first ends before the other"."""
 
 
 def w_class(problem: Problem) -> Callable[[OpKey], Hashable]:
