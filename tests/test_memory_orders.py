@@ -40,9 +40,14 @@ def _family(p: int, m: int, cap: float) -> Problem:
 
 
 def _forced(problem: Problem) -> list[tuple[OpKey, OpKey]]:
+    """The forced orders given the microbatch order only (not the slot exchanges of
+    :mod:`~pp_opt.solvers.cpsat.exchange`, which rule schedules need not keep)."""
     dag = dag_for(problem)
     built = build_model(problem, dag, SolveOptions())
-    return add_memory_orders(cp_model.CpModel(), built.vars, dag, symmetry_chains(built.vars))
+    chains = [
+        (a, b) for a, b in symmetry_chains(built.vars) if (a.kind, a.stage) == (b.kind, b.stage)
+    ]
+    return add_memory_orders(cp_model.CpModel(), built.vars, dag, chains)
 
 
 def _in_microbatch_order(schedule: Schedule) -> dict[OpKey, ScheduledOp]:

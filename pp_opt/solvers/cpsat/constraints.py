@@ -9,6 +9,7 @@ from ortools.sat.python import cp_model
 
 from pp_opt.ops import OpKey, OpKind, Stream, memory_delta
 from pp_opt.runtime_rules import loss_stage, runtime_chains
+from pp_opt.solvers.cpsat.exchange import exchange_pairs
 from pp_opt.solvers.cpsat.variables import OpRef, OpVar, Variables
 from pp_opt.solvers.lifetimes import match_lifetimes
 
@@ -147,6 +148,9 @@ def add_symmetry_breaking(model: cp_model.CpModel, v: Variables) -> None:
     many forwards started and backwards ended, which renumbering keeps. With
     offload or recompute, activations differ in their choice, so only the
     last stage's forwards are ordered (one renumbering, the runtimes' own).
+    Without them, ops of one device that can trade slots keep the orders of
+    :mod:`.exchange` as well (the loss stage's backward before its next forward, the
+    turns of a ``v`` placement).
     """
     for a, b in symmetry_chains(v):
         model.add(v.ops[a].end <= v.ops[b].start)
@@ -166,4 +170,7 @@ def symmetry_chains(v: Variables) -> list[tuple[OpKey, OpKey]]:
             for a, b in zip(chain, chain[1:], strict=False):
                 if a in v.ops and b in v.ops:
                     pairs.append((a, b))
+    if len(kinds) > 1:  # every stage's microbatches in order: the slot exchanges hold too
+        split = any(k.kind is OpKind.B for k in v.ops)
+        pairs += exchange_pairs(p, v.ops, split=split)
     return pairs

@@ -12,6 +12,7 @@ from pp_opt.order import Order
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule
 from pp_opt.simulator import order_of, simulate
+from pp_opt.solvers.cpsat.exchange import exchange_rules, in_exchange_order
 from pp_opt.solvers.cpsat.variables import OpVar, Variables
 from pp_opt.solvers.cpsat.w_order import in_w_order, w_class
 
@@ -40,12 +41,15 @@ def warm_times(
             elif not split and op.kind in (OpKind.B, OpKind.W):
                 keys = [OpKey(OpKind.BW, op.stage, op.microbatch)] if op.kind is OpKind.B else []
             order.setdefault((device, op.stream), []).extend(keys)
-    if split and not dag.graph.get("offload") and not dag.graph.get("recompute"):
-        # The sequence model runs alike W in their backwards' order (w_order): so does the hint.
+    if not dag.graph.get("offload") and not dag.graph.get("recompute"):
+        # The model keeps the slot exchanges' orders (exchange) and runs alike W in their
+        # backwards' order (w_order): so does the hint, in that order.
+        rules = exchange_rules(problem, split=split)
         alike = w_class(problem)
         for (device, stream), keys in order.items():
             if stream is Stream.COMPUTE:
-                order[(device, stream)] = in_w_order(keys, alike)
+                keys = in_exchange_order(keys, rules)
+                order[(device, stream)] = in_w_order(keys, alike) if split else keys
     given = order_of(warm)
     waits = tuple((u, w) for u, w in given.waits if u in dag and w in dag)
     mapped = Order(problem=scaled, streams=order, fractions=given.fractions, waits=waits,

@@ -1,0 +1,152 @@
+"""Ops that trade slots keep orders some optimum keeps (:mod:`pp_opt.solvers.cpsat.exchange`).
+
+- Which rules hold, by hand: the loss stage's backward before its next forward when
+  both last as long; at the turn of a ``v`` placement, the later stage's forward before
+  the earlier stage's next one, and the earlier stage's backward before the later one's
+  next; none with offload or recompute, none where durations or ``W`` differ.
+- The swaps keep rule schedules valid, as fast and under their own peak memory, and
+  the swapped orders keep every rule.
+- The rules lose no optimum: CP-SAT proves the same optima with them and without them
+  on small tight instances (``v`` and ``loop``, split and fused backward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from pp_opt import baseline, validate
+from pp_opt.dag import dag_for
+from pp_opt.ops import OpKey, OpKind, Stream
+from pp_opt.order import Order
+from pp_opt.problem import Problem, uniform_problem
+from pp_opt.schedule import Schedule
+from pp_opt.simulator import order_of, simulate
+from pp_opt.solvers.base import SolveOptions
+from pp_opt.solvers.cpsat import constraints, solve_cpsat
+from pp_opt.solvers.cpsat.exchange import (
+    ExchangeRule,
+    exchange_pairs,
+    exchange_rules,
+    in_exchange_order,
+)
+from pp_opt.solvers.cpsat.w_order import in_w_order, w_class
+
+F, B, W, BW = OpKind.F, OpKind.B, OpKind.W, OpKind.BW
+
+
+def _family(p: int, m: int, cap: float, placement: str = "v", **costs: float) -> Problem:
+    """``scripts/tight_instances.exact_instance`` (the issue-18 ``v`` family)."""
+    given = dict(t_f=1.0, t_b=1.0, t_w=0.6, m_b=1.0, m_w=0.4, t_comm=0.05) | costs
+    problem = uniform_problem(p=p, m=m, cap=cap, placement=placement, v=2, **given)
+    return problem.replace(objective="makespan")
+
+
+def test_the_rules_of_a_v_placement() -> None:
+    assert exchange_rules(_family(4, 8, 2.5), split=True) == [
+        ExchangeRule((B, 7), (F, 7)),  # loss stage
+        ExchangeRule((F, 4), (F, 3)),  # the turn's forwards
+        ExchangeRule((B, 3), (B, 4)),  # the turn's backwards
+    ]
+    pairs = exchange_pairs(_family(2, 3, 2.5), dag_for(_family(2, 3, 2.5)).nodes, split=True)
+    assert pairs == [
+        (OpKey(B, 3, 0), OpKey(F, 3, 1)), (OpKey(B, 3, 1), OpKey(F, 3, 2)),
+        (OpKey(F, 2, 0), OpKey(F, 1, 1)), (OpKey(F, 2, 1), OpKey(F, 1, 2)),
+        (OpKey(B, 1, 0), OpKey(B, 2, 1)), (OpKey(B, 1, 1), OpKey(B, 2, 2)),
+    ]  # fmt: skip
+
+
+def test_only_ops_that_last_as_long_and_move_memory_the_right_way_trade() -> None:
+    # A loop placement has no turn; the loss stage trades.
+    assert exchange_rules(_family(4, 8, 2.5, "loop"), split=True) == [ExchangeRule((B, 7), (F, 7))]
+    # A backward twice as long as the forward: no loss rule, the turn keeps both.
+    assert exchange_rules(_family(4, 8, 2.5, t_b=2.0), split=True) == [
+        ExchangeRule((F, 4), (F, 3)), ExchangeRule((B, 3), (B, 4))
+    ]  # fmt: skip
+    # Fused backward (1.6) against a forward of 1.0: the turn trades its fused backwards.
+    assert exchange_rules(_family(4, 8, 2.5), split=False) == [
+        ExchangeRule((F, 4), (F, 3)), ExchangeRule((BW, 3), (BW, 4))
+    ]  # fmt: skip
+    # Two stages whose W differ: their backwards do not trade.
+    problem = _family(4, 8, 2.5)
+    stages = list(problem.stages)
+    stages[4] = replace(stages[4], t_w=0.7)
+    assert exchange_rules(problem.replace(stages=tuple(stages)), split=True) == [
+        ExchangeRule((B, 7), (F, 7)), ExchangeRule((F, 4), (F, 3))
+    ]  # fmt: skip
+    # The later stage of the turn allocates more: its forward may not move earlier.
+    stages = list(problem.stages)
+    stages[4] = replace(stages[4], m_b=1.5)
+    rules = exchange_rules(problem.replace(stages=tuple(stages)), split=True)
+    assert ExchangeRule((F, 4), (F, 3)) not in rules
+    assert exchange_rules(problem.replace(recompute=True), split=True) == []
+
+
+def test_a_sequence_worked_by_hand() -> None:
+    # F(1, k) ahead of F(2, i) for k > i: F(2, 0) takes the first one's place, each of them
+    # the next one's (ops of other stages stay); then F(2, 1) trades with F(1, 2).
+    seq = [OpKey(F, 1, 0), OpKey(F, 1, 1), OpKey(F, 1, 2), OpKey(B, 0, 5), OpKey(F, 2, 0),
+           OpKey(F, 2, 1), OpKey(F, 2, 2)]  # fmt: skip
+    rules = [ExchangeRule((F, 2), (F, 1))]
+    assert in_exchange_order(seq, rules) == [
+        OpKey(F, 1, 0), OpKey(F, 2, 0), OpKey(F, 1, 1), OpKey(B, 0, 5), OpKey(F, 2, 1),
+        OpKey(F, 1, 2), OpKey(F, 2, 2),
+    ]  # fmt: skip
+
+
+def _swapped(schedule: Schedule) -> tuple[Order, Order]:
+    """The schedule's order, and the same with the swaps made and alike ``W`` reassigned."""
+    problem = schedule.problem
+    order = order_of(schedule)
+    rules = exchange_rules(problem, split=True)
+    streams = {
+        key: in_w_order(in_exchange_order(keys, rules), w_class(problem))
+        if key[1] is Stream.COMPUTE
+        else keys
+        for key, keys in order.streams.items()
+    }
+    return order, replace(order, streams=streams)
+
+
+@pytest.mark.parametrize(
+    "rule,placement",
+    [("v-half", "v"), ("v-min", "v"), ("zb-v", "v"), ("1f1b", "loop"), ("zb-h1", "loop"),
+     ("interleaved-1f1b", "loop")],
+)  # fmt: skip
+def test_the_swaps_keep_a_schedule_valid_and_as_fast(rule: str, placement: str) -> None:
+    problem = _family(4, 8, 6.0, placement)
+    schedule = baseline(rule, problem)
+    order, swapped = _swapped(schedule)
+    moved = simulate(swapped)
+    assert validate(moved) == []
+    assert moved.objective_value("makespan") <= schedule.objective_value("makespan") + 1e-9
+    assert max(moved.metrics.peak_memory) <= max(schedule.metrics.peak_memory) + 1e-9
+    position = {op.key: (op.start, op.end) for op in moved.ops}
+    for a, b in exchange_pairs(problem, position, split=True):
+        assert position[a][1] <= position[b][0] + 1e-9, (rule, a, b)
+    if placement == "v":  # the rules bind: the rule schedules break some of them
+        assert swapped.streams != order.streams
+
+
+@pytest.mark.parametrize(
+    "p,m,cap,placement,split",
+    [(2, 4, 1.5, "v", True), (3, 4, 2.0, "v", True), (3, 5, 2.5, "v", True),
+     (2, 5, 1.2, "loop", True), (2, 4, 2.0, "v", False)],
+)  # fmt: skip
+def test_the_rules_lose_no_optimum(
+    p: int, m: int, cap: float, placement: str, split: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    problem = _family(p, m, cap, placement, t_b=1.0, t_w=0.0 if not split else 0.6)
+    if not split:  # a fused backward as long as the forward, so the loss stage trades
+        problem = _family(p, m, cap, placement, t_b=0.6, t_w=0.4).replace(split_backward=False)
+    assert exchange_pairs(problem, dag_for(problem).nodes, split=split)
+    found = {}
+    for rules in ("with", "without"):
+        if rules == "without":
+            monkeypatch.setattr(constraints, "exchange_pairs", lambda *a, **k: [])
+        options = SolveOptions(time_limit=30.0, threads=2)
+        result = solve_cpsat(problem, dag_for(problem), options)
+        assert result.status == "optimal", rules
+        found[rules] = result.objective
+    assert found["with"] == pytest.approx(found["without"], abs=1e-6)
