@@ -35,8 +35,9 @@ op (a turn next to the loss stage or next to another turn is left out), so their
 not undo each other.
 
 At p 4, m 12, cap 2.5 of ``bench_solvers.py --parts exact`` (``scripts/makespan_question.py``,
-2 cores) the three rules order 33 pairs and the proof that no schedule has makespan <= 38.00
-took 28.9 / 30.8 s instead of 84 / 60 s (seeds 0 / 1); <= 38.25: 92.9 s instead of 157 s.
+2 cores) the three rules order 33 pairs, and the proof that no schedule has makespan <= 38.00
+took 43.5 / 30.2 s instead of 84 / 56 s (seeds 0 / 1); <= 38.25: 72.3 / 88.1 s instead of
+157 s (seed 0).
 """
 
 from __future__ import annotations
