@@ -13,13 +13,13 @@ from __future__ import annotations
 import time
 
 import pytest
+from families import exact_family
 
 from pp_opt.dag import dag_for
 from pp_opt.ops import OpKind, Stream
 from pp_opt.orders import baseline
 from pp_opt.orders.offload.offload_links import with_link_offloads
 from pp_opt.orders.offload.offload_warm import raised
-from pp_opt.problem import uniform_problem
 from pp_opt.schedule import Status
 from pp_opt.solvers import solve
 from pp_opt.solvers.base import SolveOptions
@@ -36,15 +36,9 @@ from pp_opt.solvers.process.stop import running_search
 from pp_opt.validator import validate
 
 
-def _v(p: int, m: int, cap: float, **extra: object):  # noqa: ANN202 - a Problem
-    problem = uniform_problem(p=p, m=m, t_f=1.0, t_b=1.0, t_w=0.6, m_b=1.0, m_w=0.4,
-                              t_comm=0.05, cap=cap, placement="v", v=2, **extra)  # fmt: skip
-    return problem.replace(objective="makespan")
-
-
 def test_the_proving_phase_proves_an_optimal_incumbent_and_keeps_it() -> None:
     """p 3, m 6, cap 2.5: 18.0 is optimal (bench_solvers.py --parts exact)."""
-    problem = _v(3, 6, 2.5)
+    problem = exact_family(3, 6, 2.5)
     best = solve(problem, time_limit=20.0)
     assert best.status == "optimal" and best.objective == pytest.approx(18.0)
     dag = dag_for(problem)
@@ -63,7 +57,7 @@ def test_the_proving_phase_proves_an_optimal_incumbent_and_keeps_it() -> None:
 
 def test_the_proving_phase_finds_better_than_a_poor_incumbent() -> None:
     """An incumbent above the optimum is beaten, and the bound stays below the optimum."""
-    problem = _v(3, 6, 2.5)
+    problem = exact_family(3, 6, 2.5)
     dag = dag_for(problem)
     warm = baseline("v-half", problem)  # 18.3
     options = SolveOptions(time_limit=20.0, threads=2, warm_start=warm)
@@ -90,7 +84,7 @@ def test_a_search_left_without_time_proves_from_the_warm_start(
     import pp_opt.solvers.cpsat as cpsat
 
     monkeypatch.setattr(cpsat, "SEARCH_SHARE", 0.0)
-    problem = _v(3, 6, 2.5)
+    problem = exact_family(3, 6, 2.5)
     dag = dag_for(problem)
     warm = baseline("v-half", problem)  # 18.3; the optimum is 18.0
     result = cpsat.solve_cpsat(problem, dag, SolveOptions(time_limit=20.0, threads=2,
@@ -107,7 +101,7 @@ def test_a_search_left_without_time_proves_from_the_warm_start(
 def _v_offload(cap: float):  # noqa: ANN202 - a Problem
     import dataclasses
 
-    problem = _v(3, 6, cap, host_links=((0, 1),))
+    problem = exact_family(3, 6, cap, host_links=((0, 1),))
     stages = tuple(dataclasses.replace(st, t_offload=0.8, t_reload=0.8) for st in problem.stages)
     return problem.replace(stages=stages, offload=True)
 

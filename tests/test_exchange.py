@@ -15,12 +15,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from families import exact_family
 
 from pp_opt import baseline, validate
 from pp_opt.dag import dag_for
 from pp_opt.ops import OpKey, OpKind, Stream
 from pp_opt.order import Order
-from pp_opt.problem import Problem, uniform_problem
 from pp_opt.schedule import Schedule
 from pp_opt.simulator import order_of, simulate
 from pp_opt.solvers.base import SolveOptions
@@ -36,20 +36,15 @@ from pp_opt.solvers.cpsat.w_order import in_w_order, w_class
 F, B, W, BW = OpKind.F, OpKind.B, OpKind.W, OpKind.BW
 
 
-def _family(p: int, m: int, cap: float, placement: str = "v", **costs: float) -> Problem:
-    """``scripts/tight_instances.exact_instance`` (the issue-18 ``v`` family)."""
-    given = dict(t_f=1.0, t_b=1.0, t_w=0.6, m_b=1.0, m_w=0.4, t_comm=0.05) | costs
-    problem = uniform_problem(p=p, m=m, cap=cap, placement=placement, v=2, **given)
-    return problem.replace(objective="makespan")
-
-
 def test_the_rules_of_a_v_placement() -> None:
-    assert exchange_rules(_family(4, 8, 2.5), split=True) == [
+    assert exchange_rules(exact_family(4, 8, 2.5), split=True) == [
         ExchangeRule((B, 7), (F, 7)),  # loss stage
         ExchangeRule((F, 4), (F, 3)),  # the turn's forwards
         ExchangeRule((B, 3), (B, 4)),  # the turn's backwards
     ]
-    pairs = exchange_pairs(_family(2, 3, 2.5), dag_for(_family(2, 3, 2.5)).nodes, split=True)
+    pairs = exchange_pairs(
+        exact_family(2, 3, 2.5), dag_for(exact_family(2, 3, 2.5)).nodes, split=True
+    )
     assert pairs == [
         (OpKey(B, 3, 0), OpKey(F, 3, 1)), (OpKey(B, 3, 1), OpKey(F, 3, 2)),
         (OpKey(F, 2, 0), OpKey(F, 1, 1)), (OpKey(F, 2, 1), OpKey(F, 1, 2)),
@@ -59,17 +54,19 @@ def test_the_rules_of_a_v_placement() -> None:
 
 def test_only_ops_that_last_as_long_and_move_memory_the_right_way_trade() -> None:
     # A loop placement has no turn; the loss stage trades.
-    assert exchange_rules(_family(4, 8, 2.5, "loop"), split=True) == [ExchangeRule((B, 7), (F, 7))]
+    assert exchange_rules(exact_family(4, 8, 2.5, "loop"), split=True) == [
+        ExchangeRule((B, 7), (F, 7))
+    ]
     # A backward twice as long as the forward: no loss rule, the turn keeps both.
-    assert exchange_rules(_family(4, 8, 2.5, t_b=2.0), split=True) == [
+    assert exchange_rules(exact_family(4, 8, 2.5, t_b=2.0), split=True) == [
         ExchangeRule((F, 4), (F, 3)), ExchangeRule((B, 3), (B, 4))
     ]  # fmt: skip
     # Fused backward (1.6) against a forward of 1.0: the turn trades its fused backwards.
-    assert exchange_rules(_family(4, 8, 2.5), split=False) == [
+    assert exchange_rules(exact_family(4, 8, 2.5), split=False) == [
         ExchangeRule((F, 4), (F, 3)), ExchangeRule((BW, 3), (BW, 4))
     ]  # fmt: skip
     # Two stages whose W differ: their backwards do not trade.
-    problem = _family(4, 8, 2.5)
+    problem = exact_family(4, 8, 2.5)
     stages = list(problem.stages)
     stages[4] = replace(stages[4], t_w=0.7)
     assert exchange_rules(problem.replace(stages=tuple(stages)), split=True) == [
@@ -115,7 +112,7 @@ def _swapped(schedule: Schedule) -> tuple[Order, Order]:
      ("interleaved-1f1b", "loop")],
 )  # fmt: skip
 def test_the_swaps_keep_a_schedule_valid_and_as_fast(rule: str, placement: str) -> None:
-    problem = _family(4, 8, 6.0, placement)
+    problem = exact_family(4, 8, 6.0, placement)
     schedule = baseline(rule, problem)
     order, swapped = _swapped(schedule)
     moved = simulate(swapped)
@@ -137,9 +134,9 @@ def test_the_swaps_keep_a_schedule_valid_and_as_fast(rule: str, placement: str) 
 def test_the_rules_lose_no_optimum(
     p: int, m: int, cap: float, placement: str, split: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    problem = _family(p, m, cap, placement, t_b=1.0, t_w=0.0 if not split else 0.6)
+    problem = exact_family(p, m, cap, placement, t_b=1.0, t_w=0.0 if not split else 0.6)
     if not split:  # a fused backward as long as the forward, so the loss stage trades
-        problem = _family(p, m, cap, placement, t_b=0.6, t_w=0.4).replace(split_backward=False)
+        problem = exact_family(p, m, cap, placement, t_b=0.6, t_w=0.4).replace(split_backward=False)
     assert exchange_pairs(problem, dag_for(problem).nodes, split=split)
     found = {}
     for rules in ("with", "without"):

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from families import exact_family
 
 from pp_opt.bounds import lower_bound
 from pp_opt.problem import Problem, uniform_problem
@@ -19,12 +20,6 @@ from pp_opt.validator import validate
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _v(p: int, m: int, cap: float) -> Problem:
-    """Issue 18's instances (bench_solvers.py --parts exact)."""
-    return uniform_problem(p=p, m=m, t_f=1.0, t_b=1.0, t_w=0.6, m_b=1.0, m_w=0.4, t_comm=0.05,
-                           cap=cap, placement="v", v=2).replace(objective="makespan")  # fmt: skip
-
-
 # Proved optima (bench_solvers.py --parts exact, status optimal, gap 0).
 PROVED = {(3, 6, 2.5): 18.0, (3, 6, 2.0): 19.3, (4, 8, 3.0): 25.2, (3, 8, 2.5): 23.2,
           (3, 8, 2.0): 24.5, (4, 8, 2.5): 27.1, (3, 6, 3.0): 16.9, (4, 8, 4.0): 22.75}  # fmt: skip
@@ -34,7 +29,7 @@ PROVED = {(3, 6, 2.5): 18.0, (3, 6, 2.0): 19.3, (4, 8, 3.0): 25.2, (3, 8, 2.5): 
 def test_never_above_a_proved_optimum(p: int, m: int, cap: float) -> None:
     optimum = PROVED[(p, m, cap)]
     for buckets in (60, 150):
-        found = fluid_bound(_v(p, m, cap), lower=0.0, upper=1.5 * optimum,
+        found = fluid_bound(exact_family(p, m, cap), lower=0.0, upper=1.5 * optimum,
                             deadline=time.perf_counter() + 20, buckets=buckets)  # fmt: skip
         assert found is not None
         assert found.value <= optimum + 1e-9
@@ -88,15 +83,15 @@ def test_raises_the_bound_of_a_tight_v_row() -> None:
 
 
 def test_where_it_applies() -> None:
-    big = _v(4, 30, 3.0)  # 180 compute ops per device
+    big = exact_family(4, 30, 3.0)  # 180 compute ops per device
     assert applies(big, "makespan")
     assert not applies(big, "span")
     assert not applies(big.replace(offload=True), "makespan")
-    assert not applies(_v(4, 8, 3.0), "makespan")  # 48 ops: CP-SAT's device relaxation
+    assert not applies(exact_family(4, 8, 3.0), "makespan")  # 48 ops: CP-SAT's device relaxation
 
 
 def test_a_solve_reports_it_and_stays_valid() -> None:
-    problem = _v(4, 30, 2.5)
+    problem = exact_family(4, 30, 2.5)
     result = solve(problem, time_limit=6, seed=0)
     schedule = result.schedule
     assert validate(schedule) == []
@@ -113,7 +108,7 @@ def test_leaves_highs_usable_with_other_thread_counts() -> None:
     from pp_opt.solvers.base import SolveOptions
     from pp_opt.solvers.milp import solve_milp
 
-    fluid_bound(_v(3, 6, 2.5), lower=0.0, upper=27.0, deadline=time.perf_counter() + 2)
+    fluid_bound(exact_family(3, 6, 2.5), lower=0.0, upper=27.0, deadline=time.perf_counter() + 2)
     problem = uniform_problem(p=2, m=3).replace(objective="makespan")
     options = SolveOptions(time_limit=10, objective="makespan", threads=2)
     result = solve_milp(problem, dag_for(problem), options, backend="highs")

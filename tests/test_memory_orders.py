@@ -17,12 +17,13 @@ from collections import defaultdict
 from dataclasses import replace
 
 import pytest
+from families import exact_family
 from ortools.sat.python import cp_model
 
 from pp_opt import baseline
 from pp_opt.dag import dag_for
 from pp_opt.ops import OpKey, OpKind
-from pp_opt.problem import Problem, uniform_problem
+from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule, ScheduledOp
 from pp_opt.solvers import solve
 from pp_opt.solvers.base import SolveOptions
@@ -30,13 +31,6 @@ from pp_opt.solvers.cpsat.constraints import symmetry_chains
 from pp_opt.solvers.cpsat.model import build_model
 from pp_opt.solvers.cpsat.sequence import add_memory_orders
 from pp_opt.solvers.cpsat.w_order import in_w_order, w_class
-
-
-def _family(p: int, m: int, cap: float) -> Problem:
-    """``scripts/tight_instances.exact_instance`` (the issue-18 ``v`` family)."""
-    problem = uniform_problem(p=p, m=m, t_f=1.0, t_b=1.0, t_w=0.6, m_b=1.0, m_w=0.4,
-                              t_comm=0.05, cap=cap, placement="v", v=2)  # fmt: skip
-    return problem.replace(objective="makespan")
 
 
 def _forced(problem: Problem) -> list[tuple[OpKey, OpKey]]:
@@ -81,7 +75,7 @@ def _alike_w_in_backward_order(
 
 
 def test_the_turn_of_the_v_waits_for_the_backward_two_microbatches_back() -> None:
-    forced = set(_forced(_family(4, 8, 2.5)))
+    forced = set(_forced(exact_family(4, 8, 2.5)))
     for j in range(2, 8):
         assert (OpKey(OpKind.B, 7, j - 2), OpKey(OpKind.F, 7, j)) in forced
         assert (OpKey(OpKind.B, 7, j - 1), OpKey(OpKind.F, 7, j)) not in forced
@@ -89,7 +83,7 @@ def test_the_turn_of_the_v_waits_for_the_backward_two_microbatches_back() -> Non
 
 @pytest.mark.parametrize("p,m,cap", [(3, 6, 2.5), (3, 6, 2.0), (4, 8, 2.5), (4, 8, 3.0)])
 def test_forced_orders_hold_in_valid_schedules(p: int, m: int, cap: float) -> None:
-    problem = _family(p, m, cap)
+    problem = exact_family(p, m, cap)
     forced = _forced(problem)
     assert forced
     schedules = [baseline(name, problem) for name in ("v-half", "v-min")]
@@ -103,6 +97,6 @@ def test_forced_orders_hold_in_valid_schedules(p: int, m: int, cap: float) -> No
 
 @pytest.mark.parametrize("cap,optimum", [(2.0, 19.30), (2.5, 18.00)])
 def test_the_model_with_forced_orders_proves_the_known_optima(cap: float, optimum: float) -> None:
-    result = solve(_family(3, 6, cap), time_limit=20, threads=2, seed=0)
+    result = solve(exact_family(3, 6, cap), time_limit=20, threads=2, seed=0)
     assert str(result.status) == "optimal"
     assert result.objective == pytest.approx(optimum, abs=1e-6)

@@ -11,13 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+from families import exact_family
 from ortools.sat.python import cp_model
 
 from pp_opt import baseline
 from pp_opt.dag import dag_for
 from pp_opt.ops import OpKey, OpKind, Stream
 from pp_opt.order import Order
-from pp_opt.problem import Device, Problem, uniform_problem
+from pp_opt.problem import Device
 from pp_opt.simulator import order_of, simulate
 from pp_opt.solvers.base import SolveOptions
 from pp_opt.solvers.cpsat.model import build_model
@@ -70,16 +71,9 @@ def test_an_order_steps_along_the_fixed_orders(
     assert _feasible(model) is feasible
 
 
-def _family(p: int, m: int, cap: float) -> Problem:
-    """``scripts/tight_instances.exact_instance`` (the issue-18 ``v`` family)."""
-    problem = uniform_problem(p=p, m=m, t_f=1.0, t_b=1.0, t_w=0.6, m_b=1.0, m_w=0.4,
-                              t_comm=0.05, cap=cap, placement="v", v=2)  # fmt: skip
-    return problem.replace(objective="makespan")
-
-
 @pytest.mark.parametrize("rule", ["v-half", "v-min", "zb-v"])
 def test_classic_schedules_stay_solutions_at_their_own_peak(rule: str) -> None:
-    problem = _family(4, 8, 4.0)
+    problem = exact_family(4, 8, 4.0)
     order = order_of(baseline(rule, problem))
     streams = {
         key: in_w_order(keys, w_class(problem)) if key[1] is Stream.COMPUTE else keys

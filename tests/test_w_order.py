@@ -11,12 +11,12 @@
 from __future__ import annotations
 
 import pytest
+from families import exact_family
 
 from pp_opt import baseline, validate
 from pp_opt.dag import dag_for
 from pp_opt.ops import OpKey, OpKind, Stream
 from pp_opt.order import Order
-from pp_opt.problem import Problem, uniform_problem
 from pp_opt.schedule import Schedule
 from pp_opt.simulator import order_of, simulate
 from pp_opt.solvers import solve
@@ -27,15 +27,8 @@ from pp_opt.solvers.cpsat.w_order import in_w_order, w_class
 F, B, W = OpKind.F, OpKind.B, OpKind.W
 
 
-def _family(p: int, m: int, cap: float, placement: str = "v") -> Problem:
-    """``scripts/tight_instances.exact_instance`` (the issue-18 ``v`` family)."""
-    problem = uniform_problem(p=p, m=m, t_f=1.0, t_b=1.0, t_w=0.6, m_b=1.0, m_w=0.4,
-                              t_comm=0.05, cap=cap, placement=placement, v=2)  # fmt: skip
-    return problem.replace(objective="makespan")
-
-
 def test_slots_keep_their_places_and_follow_the_backwards() -> None:
-    problem = _family(2, 2, 4.0)
+    problem = exact_family(2, 2, 4.0)
     seq = [OpKey(B, 3, 0), OpKey(B, 0, 0), OpKey(W, 0, 0), OpKey(F, 0, 1), OpKey(W, 3, 0)]
     assert in_w_order(seq, w_class(problem)) == [
         OpKey(B, 3, 0), OpKey(B, 0, 0), OpKey(W, 3, 0), OpKey(F, 0, 1), OpKey(W, 0, 0),
@@ -54,7 +47,7 @@ def _w_order_kept(schedule: Schedule) -> bool:
 
 @pytest.mark.parametrize("rule", ["v-half", "v-min", "zb-v"])
 def test_the_reassignment_keeps_a_schedule_valid_and_as_fast(rule: str) -> None:
-    problem = _family(4, 8, 4.0)
+    problem = exact_family(4, 8, 4.0)
     schedule = baseline(rule, problem)
     order = order_of(schedule)
     streams = {
@@ -75,7 +68,7 @@ def test_the_reassignment_keeps_a_schedule_valid_and_as_fast(rule: str) -> None:
     [(2, 4, 1.5, "v"), (3, 4, 2.0, "v"), (2, 5, 1.2, "loop"), (3, 4, 2.5, "v")],
 )
 def test_the_symmetry_loses_no_optimum(p: int, m: int, cap: float, placement: str) -> None:
-    problem = _family(p, m, cap, placement)
+    problem = exact_family(p, m, cap, placement)
     found = {}
     for memory_model in ("sequence", "cumulative"):
         options = SolveOptions(time_limit=30.0, threads=2, memory_model=memory_model)
@@ -86,5 +79,5 @@ def test_the_symmetry_loses_no_optimum(p: int, m: int, cap: float, placement: st
 
 
 def test_solved_schedules_keep_the_order() -> None:
-    result = solve(_family(3, 6, 2.5), time_limit=10, threads=2, seed=0)
+    result = solve(exact_family(3, 6, 2.5), time_limit=10, threads=2, seed=0)
     assert _w_order_kept(result.schedule)
