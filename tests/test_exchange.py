@@ -129,14 +129,20 @@ def test_the_swaps_keep_a_schedule_valid_and_as_fast(rule: str, placement: str) 
 @pytest.mark.parametrize(
     "p,m,cap,placement,split",
     [(2, 4, 1.5, "v", True), (3, 4, 2.0, "v", True), (3, 5, 2.5, "v", True),
-     (2, 5, 1.2, "loop", True), (2, 4, 2.0, "v", False)],
+     (2, 5, 1.2, "loop", True), (2, 4, 2.0, "v", False), (2, 4, 1.5, "0,1,1,0,0,1", True)],
 )  # fmt: skip
 def test_the_rules_lose_no_optimum(
     p: int, m: int, cap: float, placement: str, split: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    problem = exact_family(p, m, cap, placement, t_b=1.0, t_w=0.0 if not split else 0.6)
-    if not split:  # a fused backward as long as the forward, so the loss stage trades
-        problem = exact_family(p, m, cap, placement, t_b=0.6, t_w=0.4).replace(split_backward=False)
+    # Fused: a backward as long as the forward, so the loss stage trades.
+    costs = {} if split else {"t_b": 0.6, "t_w": 0.4, "split_backward": False}
+    if "," in placement:  # explicit devices: a zigzag of two turns, the loss stage beside one
+        devices = [int(d) for d in placement.split(",")]
+        loop = exact_family(p, m, cap, "loop", v=len(devices) // p, **costs)
+        stages = tuple(replace(st, device=d) for st, d in zip(loop.stages, devices, strict=True))
+        problem = loop.replace(stages=stages, placement="explicit")
+    else:
+        problem = exact_family(p, m, cap, placement, **costs)
     assert exchange_pairs(problem, dag_for(problem).nodes, split=split)
     found = {}
     for rules in ("with", "without"):
