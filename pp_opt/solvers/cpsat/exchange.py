@@ -73,6 +73,7 @@ def exchange_rules(problem: Problem, *, split: bool) -> list[ExchangeRule]:
     backward = OpKind.B if split else OpKind.BW
     device = [st.device for st in problem.stages]
     last = loss_stage(problem)
+    w_of = w_class(problem)
     rules = []
     if _trade(problem, (backward, last), (OpKind.F, last)):
         rules.append(ExchangeRule((backward, last), (OpKind.F, last)))
@@ -82,9 +83,7 @@ def exchange_rules(problem: Problem, *, split: bool) -> list[ExchangeRule]:
             continue
         if _trade(problem, (OpKind.F, s + 1), (OpKind.F, s)):
             rules.append(ExchangeRule((OpKind.F, s + 1), (OpKind.F, s)))
-        alike = not split or w_class(problem)(OpKey(OpKind.W, s, 0)) == w_class(problem)(
-            OpKey(OpKind.W, s + 1, 0)
-        )
+        alike = not split or w_of(OpKey(OpKind.W, s, 0)) == w_of(OpKey(OpKind.W, s + 1, 0))
         if alike and _trade(problem, (backward, s), (backward, s + 1)):
             rules.append(ExchangeRule((backward, s), (backward, s + 1)))
     return rules
