@@ -69,8 +69,8 @@ NO_CLIP = ["--training.max_norm", "1e9"]
 """For the V's fused pair only. torchtitan clips by the norm of all gradients: each rank's
 sum of squares, then a sum over the ranks. V (stages 0, 3 | 1, 2) and loop (0, 2 | 1, 3)
 group the stages in other ranks, so the two sums may round one ulp apart, and so do the
-clipped gradients (seen on one CPU, not on another). Under such a bound the coefficient is
-exactly 1."""
+clipped gradients (seen on 2026-12-05's machine, not on the earlier ones). Under such a
+bound the coefficient is exactly 1."""
 SEED_RUN = {"name": "seed", "args": ["--module", "llama3", "--config", "llama3_debugmodel",
                                      "--checkpoint.enable", "--checkpoint.create_seed_checkpoint",
                                      "--parallelism.pipeline_parallel_degree", "1",
