@@ -253,3 +253,29 @@ def test_step_time_and_its_rates() -> None:
     assert model_flops_per_sequence(inputs) == pytest.approx(s * (6 * n + attention))
     sharded = optimizer_ms(inputs, _config(dp=2, optimizer_sharding=True), [1e9])
     assert sharded == pytest.approx(optimizer_ms(inputs, _config(dp=2), [1e9]) / 2)
+
+
+# --- ranking -------------------------------------------------------------------------------
+
+
+def test_equal_step_times_rank_by_what_the_candidate_fixes_not_by_the_schedule_found() -> None:
+    """Two optimal schedules of one problem may peak differently; the ranking must not depend
+    on which one a solve returned (it differed between a Ray and a pool run under load)."""
+    from pp_opt.planner.evaluate import Scored
+
+    def scored(layers: tuple[int, ...], peak: float, static: float, step: float = 0.8636) -> Scored:
+        candidate = _candidate(layers=layers, v=2, placement="v", microbatches=4)
+        return Scored(candidate=candidate, order="solve", status="optimal", step_time=step,
+                      peak_memory=[peak, 1.0], static_memory=static)  # fmt: skip
+
+    a, b = (2, 2, 1, 1), (2, 1, 2, 1)
+    first = sorted([scored(a, 301.7e6, 100e6), scored(b, 305.9e6, 100e6)], key=Scored.sort_key)
+    again = sorted([scored(a, 305.9e6, 100e6), scored(b, 301.7e6, 100e6)], key=Scored.sort_key)
+    assert [s.layers for s in first] == [s.layers for s in again] == [b, a]  # the fixed order
+    leaner = sorted([scored(b, 1e6, 120e6), scored(a, 9e9, 100e6)], key=Scored.sort_key)
+    assert [s.layers for s in leaner] == [a, b]  # less static memory first
+    faster = sorted([scored(b, 1e6, 100e6), scored(a, 1e6, 1e6, step=0.9)], key=Scored.sort_key)
+    assert [s.layers for s in faster] == [b, a]  # step time before all
+    failed = Scored(candidate=_candidate(layers=a, v=2, placement="v"), order="solve",
+                    status="timeout")  # fmt: skip
+    assert sorted([failed, first[0]], key=Scored.sort_key)[-1] is failed

@@ -86,6 +86,9 @@ class Scored:
     :func:`pp_opt.planner.memory.reported_peak_memory`)."""
     memory_bound: bool = False
     """Some device lacks room for one more of its largest activations at its peak."""
+    static_memory: float = 0.0
+    """The largest device's static memory (weights, gradients, optimizer state; bytes): what
+    its candidate fixes, whichever schedule the solver found."""
     gap: float | None = None
     """The schedule's gap to its makespan lower bound."""
     lower_bound: float | None = None
@@ -114,10 +117,13 @@ class Scored:
         return self.step_time is not None
 
     def sort_key(self) -> tuple[Any, ...]:
-        """Rank: step time, then peak memory (of equally fast ones the leaner first, as the
-        Pareto front has them), then the candidate's fixed order (deterministic ties)."""
+        """Rank: step time, then static memory (of equally fast ones the leaner first), then
+        the candidate's fixed order. Not the peak: a problem has many optimal schedules whose
+        activation peaks differ, and which one a solve returns may depend on the machine's
+        load (a warm start or a bound cut by its share of the time), so a ranking by it
+        would differ from one executor to another."""
         value = float("inf") if self.step_time is None else round(self.step_time, 6)
-        memory = round(max(self.peak_memory)) if self.peak_memory else float("inf")
+        memory = round(self.static_memory) if self.step_time is not None else float("inf")
         return (value, memory, self.candidate.key())
 
     def to_dict(self) -> dict[str, Any]:
@@ -196,6 +202,7 @@ def _score(out: Scored, job: EvaluationTask, schedule: Schedule, profile: CostPr
     out.tokens_per_s_per_gpu = figures.tokens_per_s_per_gpu
     out.mfu = figures.mfu
     out.peak_memory = reported_peak_memory(profile, schedule)
+    out.static_memory = max(dev.static for dev in problem.devices)
     overhead = profile.hardware.memory_overhead  # peak_memory is reserved, the cap allocated
     out.memory_bound = any(
         out.peak_memory[d] / overhead + max(problem.stages[s].m_b for s in problem.stages_on(d))
