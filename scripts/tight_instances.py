@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pp_opt.problem import Device, Problem, Stage, uniform_problem
 from pp_opt.problem_io import load_problem, resplit
@@ -98,12 +99,16 @@ INSTANCES: dict[str, Callable[[], Problem]] = {
 """Row name -> instance builder, in the order of the issue's tables."""
 
 
-def exact_instance(p: int, m: int, cap: float) -> Problem:
+def exact_instance(
+    p: int, m: int, cap: float, placement: str = "v", *, v: int = 2, **given: Any
+) -> Problem:
     """Issue 18: ``v`` placement, per chunk ``t_f = t_b = 0.5``, ``t_w = 0.3``, ``m_b = 0.5``,
-    ``m_w = 0.2``, ``t_comm = 0.05``; ``cap`` in whole-device activations (``M_B = 1``)."""
-    problem = uniform_problem(p=p, m=m, t_f=1.0, t_b=1.0, t_w=0.6, m_b=1.0, m_w=0.4,
-                              t_comm=0.05, cap=cap, placement="v", v=2)  # fmt: skip
-    return problem.replace(objective="makespan", name=f"v p={p} m={m} cap={cap:g}")
+    ``m_w = 0.2``, ``t_comm = 0.05``; ``cap`` in whole-device activations (``M_B = 1``).
+    The tests (``tests/families.py``) also take other placements and chunk counts, and
+    ``given`` costs or fields of :func:`~pp_opt.problem.uniform_problem`."""
+    costs = dict(t_f=1.0, t_b=1.0, t_w=0.6, m_b=1.0, m_w=0.4, t_comm=0.05) | given
+    problem = uniform_problem(p=p, m=m, cap=cap, placement=placement, v=v, **costs)
+    return problem.replace(objective="makespan", name=f"{placement} p={p} m={m} cap={cap:g}")
 
 
 def span_instance() -> Problem:

@@ -8,13 +8,13 @@ generators must not be slower than the anchors on the rows that run in seconds.
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import math
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from families import tight_instances
 
 from pp_opt.errors import InfeasibleError
 from pp_opt.ops import OpKind
@@ -29,16 +29,6 @@ from pp_opt.validator import validate
 
 ROOT = Path(__file__).resolve().parent.parent
 ANCHORS = json.loads((ROOT / "scripts" / "anchors.json").read_text())["rows"]
-
-
-def _tight_instances():
-    spec = importlib.util.spec_from_file_location(
-        "tight_instances", ROOT / "scripts" / "tight_instances.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _v_problem(p: int, m: int, cap: float) -> Problem:
@@ -212,7 +202,7 @@ def test_replayed_anchor_is_valid_with_its_recorded_makespan(row: dict) -> None:
     assert schedule.metrics.makespan == pytest.approx(row["replay_makespan"], abs=1e-6)
     assert max(schedule.metrics.peak_memory) <= row["cap"] + 1e-9
     assert _offloads(schedule) == row["offloads"]
-    instance = getattr(_tight_instances(), row["instance"].split(":")[1])()
+    instance = getattr(tight_instances(), row["instance"].split(":")[1])()
     assert (
         schedule.problem.stages == instance.stages and schedule.problem.devices == instance.devices
     )
@@ -222,7 +212,7 @@ def test_replayed_anchor_is_valid_with_its_recorded_makespan(row: dict) -> None:
 
 @pytest.mark.parametrize("name", ["1.5b-v-half", "1.5b-v-min"])
 def test_v_generators_match_or_beat_the_1p5b_anchors(name: str) -> None:
-    problem = _tight_instances().INSTANCES[name]()
+    problem = tight_instances().INSTANCES[name]()
     generator = v_half if name.endswith("half") else v_min
     schedule = simulate(generator(problem, time_limit=3.0))
     _valid_under_cap(schedule)
@@ -234,7 +224,7 @@ def test_v_generators_match_or_beat_the_1p5b_anchors(name: str) -> None:
     "name", ["pipeoffload-k0.5-cap2", "pipeoffload-k0.5-cap3.75", "pipeoffload-k1-cap4"]
 )
 def test_pipeoffload_matches_or_beats_its_anchors(name: str) -> None:
-    problem = _tight_instances().INSTANCES[name]()
+    problem = tight_instances().INSTANCES[name]()
     schedule = simulate(pipeoffload(problem, time_limit=5.0))
     _valid_under_cap(schedule)
     assert schedule.metrics.makespan <= _anchor(name)["anchor_makespan"] + 1e-6
