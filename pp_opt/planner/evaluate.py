@@ -87,8 +87,9 @@ class Scored:
     memory_bound: bool = False
     """Some device lacks room for one more of its largest activations at its peak."""
     static_memory: float = 0.0
-    """The largest device's static memory (weights, gradients, optimizer state; bytes): what
-    its candidate fixes, whichever schedule the solver found."""
+    """The largest device's memory beside its activations (bytes; the profile's ``static``:
+    weights, gradients, optimizer state, buffers): what the candidate fixes, whichever
+    schedule the solver found."""
     gap: float | None = None
     """The schedule's gap to its makespan lower bound."""
     lower_bound: float | None = None
