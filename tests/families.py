@@ -29,9 +29,6 @@ def tight_instances() -> ModuleType:
 def exact_family(
     p: int, m: int, cap: float, placement: str = "v", *, v: int = 2, **given: Any
 ) -> Problem:
-    """Issue 18's ``v`` family (:func:`tight_instances.exact_instance`): per chunk
-    ``t_f = t_b = 0.5``, ``t_w = 0.3``, ``m_b = 0.5``, ``m_w = 0.2``, ``t_comm = 0.05``, two
-    chunks per device, makespan; ``given`` overrides costs or adds fields of
-    :func:`~pp_opt.problem.uniform_problem`."""
+    """Issue 18's family, as the benchmark builds it (``exact_instance``), typed."""
     problem: Problem = tight_instances().exact_instance(p, m, cap, placement, v=v, **given)
     return problem

@@ -40,8 +40,8 @@ def small_plan(**options: object) -> Plan:
     start counts in them) or the screening short, or the executors would rank what each
     had time for: a cut solve is refined from its own schedule and ends at another of the
     problem's optimal schedules, with another peak and, through the gradient all-reduce's
-    overlap, another step time. Two of the 18 candidates are not proved and take their
-    whole limit."""
+    overlap, another step time. Seven candidates are solved (18 when ``keep`` is large);
+    one of them (two of the 18) is not proved and takes its whole limit."""
     card = model_card_from_dict(TINY, "tiny")
     return pp_opt.plan(
         model=card,
