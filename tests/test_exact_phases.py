@@ -14,6 +14,7 @@ import time
 
 import pytest
 from families import exact_family
+from ortools.sat.python import cp_model
 
 from pp_opt.dag import dag_for
 from pp_opt.ops import OpKind, Stream
@@ -53,6 +54,41 @@ def test_the_proving_phase_proves_an_optimal_incumbent_and_keeps_it() -> None:
     assert status == Status.OPTIMAL
     assert value == bound == round(18.0 * scale)
     assert ops is best.schedule.ops
+
+
+@pytest.mark.parametrize(
+    ("threads", "workers"),
+    [(2, ["default_lp", "no_lp"]), (3, ["default_lp", "no_lp", "max_lp"]), (4, [])],
+)
+def test_the_proving_phase_refutes_with_and_without_the_lp(
+    monkeypatch: pytest.MonkeyPatch, threads: int, workers: list[str]
+) -> None:
+    """Up to three threads the proof's workers are ``PROOF_WORKERS``, each on the whole
+    model (CP-SAT's own two-thread portfolio is the LP worker and a local search that
+    cannot refute); from four on, CP-SAT's portfolio. The incumbent is still proved."""
+    seen: list[tuple[list[str], int, bool]] = []
+    solve_model = cp_model.CpSolver.solve
+
+    def recording(self: cp_model.CpSolver, *args: object, **kwargs: object) -> object:
+        params = self.parameters
+        seen.append((list(params.subsolvers), params.num_full_subsolvers,
+                     params.interleave_search))  # fmt: skip
+        return solve_model(self, *args, **kwargs)
+
+    monkeypatch.setattr(cp_model.CpSolver, "solve", recording)
+    problem = exact_family(3, 6, 2.5)
+    best = baseline("v-half", problem)
+    dag = dag_for(problem)
+    options = SolveOptions(time_limit=20.0, threads=threads, warm_start=best)
+    built = build_model(problem, dag, options)
+    scale = built.scaling.time
+    incumbent: Found = (Status.FEASIBLE, round(18.0 * scale), None, None)
+    with running_search() as search:
+        started = time.perf_counter()
+        status, value, _, _ = _prove(built, options, search, None, started, started + 20.0,
+                                     incumbent)  # fmt: skip
+    assert status == Status.OPTIMAL and value == round(18.0 * scale)
+    assert seen == [(workers, len(workers), False)]
 
 
 def test_the_proving_phase_finds_better_than_a_poor_incumbent() -> None:

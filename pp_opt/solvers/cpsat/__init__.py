@@ -205,9 +205,14 @@ def _pinned(
     return Status.FEASIBLE, int(round(value * scale)), None, ops
 
 
-SEARCH_SHARE = 0.3
+SEARCH_SHARE = 0.1
 """Share of the time a model that can prove (:func:`_prove`) searches with
-``interleave_search`` before the proof starts."""
+``interleave_search`` before the proof starts. The proof's portfolio (:data:`PROOF_WORKERS`)
+finds better schedules as fast as this search and proves them in the same solve, so the
+search gets only what proves small models deterministically: p 4, m 12, cap 2.5 of
+``bench_solvers.py --parts exact`` at 60 s was proved in 45.4 s with 0.1 and not with 0.3
+(the search had reached 39.7 by its 18 s; the proof found 38.30 at 37 s and had 23 s
+left for a refutation of about 35 s)."""
 
 Found = tuple[Status, int, float | None, tuple[ScheduledOp, ...] | None]
 """``(status, objective, bound, ops)`` of one solve, in model units."""
@@ -223,10 +228,12 @@ def _search(
     until: float,
     interleave: bool,
     shown_bound: float | None = None,
+    proof: bool = False,
 ) -> Found | None:
     """One CP-SAT solve of the built model until ``until``; None when it found nothing and
     proved nothing (timeout). ``shown_bound`` is the bound progress reports show instead of
-    the model's (a restricted model's bound is not the problem's)."""
+    the model's (a restricted model's bound is not the problem's); ``proof`` picks the
+    portfolio of :data:`PROOF_WORKERS`."""
     solver = cp_model.CpSolver()
     params = solver.parameters
     params.max_time_in_seconds = max(0.01, until - time.perf_counter())
@@ -246,6 +253,9 @@ def _search(
         # the bound moves (p 4, m 8, cap 2.5 of bench_solvers.py --parts exact: proved in
         # 55 s instead of 194 s).
         params.linearization_level = 2
+    if proof and params.num_workers <= len(PROOF_WORKERS):
+        params.num_full_subsolvers = params.num_workers
+        params.subsolvers.extend(PROOF_WORKERS[: params.num_workers])
     if interleave:
         _drop_rejected_hint(built.model, options, started)
     if handling_signals():  # the command line's handler stops the search (and says so)
@@ -296,7 +306,8 @@ def _prove(
         return incumbent
     built.model.clear_hints()  # type: ignore[no-untyped-call]
     built.model.add(built.objective <= value - 1)
-    found = _search(built, options, search, report, started, until=deadline, interleave=False)
+    found = _search(built, options, search, report, started, until=deadline, interleave=False,
+                    proof=True)  # fmt: skip
     if found is None:  # nothing better, and not proved: the bound may still have moved
         return incumbent
     if found[0] == "infeasible":
@@ -305,6 +316,17 @@ def _prove(
     better_status, better, better_bound, better_ops = found
     known = [b for b in (bound, better_bound) if b is not None]
     return better_status, better, max(known, default=None), better_ops
+
+
+PROOF_WORKERS = ("default_lp", "no_lp", "max_lp")
+"""The proof's CP-SAT workers, the first ``threads`` of them, up to three threads; with four
+or more, CP-SAT's own portfolio (which has ``no_lp`` from four on). Its own for two
+threads is ``default_lp`` and a local search (``fj``) that can refute nothing, and for
+three ``default_lp``, ``fixed`` and ``fj``. Without the LP a worker goes through conflicts
+several times faster, and on memory-tight problems that is what refutes: p 4, m 12,
+cap 2.5 of ``bench_solvers.py --parts exact``, "<= 38.25?" on 2 cores, 34.0 / 35.0 /
+40.2 s for seeds 0 / 1 / 2 (the ``no_lp`` worker answers) against 70-77 s with CP-SAT's
+portfolio. The LP worker stays beside it for the problems whose proof is the LP bound."""
 
 
 HINT_CHECK_SHARE = 0.1
