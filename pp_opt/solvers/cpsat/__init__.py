@@ -296,9 +296,9 @@ def _prove(
     The model is asked for a schedule strictly better than the incumbent, by a parallel
     portfolio (:data:`PROOF_WORKERS`; no ``interleave_search``, no hint): its workers share
     bounds and fixings, which proves tight-memory problems several times faster than the
-    interleaved search (p 4, m 8, cap 2.5: 16 s against 55 s). Infeasible proves the incumbent, which
-    stays the answer, so a proved result is as repeatable as the search; a better schedule
-    found here depends on the threads' timing. Otherwise its bound holds for every
+    interleaved search (p 4, m 8, cap 2.5: 16 s against 55 s). Infeasible proves the
+    incumbent, which stays the answer, so a proved result is as repeatable as the search; a
+    better schedule found here depends on the threads' timing. Otherwise its bound holds for every
     schedule better than the incumbent, so the smaller of the two is a bound.
     """
     status, value, bound, ops = incumbent
