@@ -115,8 +115,9 @@ def test_a_search_left_without_time_proves_from_the_warm_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """When the relaxation and the model take the search's share (p 4, m 12, cap 3 at 60 s
-    did), the proof starts from the warm start instead of giving up, and the relaxation's
-    bound is kept when nothing is found at all."""
+    did), the proof starts from the warm start instead of giving up; without a warm start
+    the proof's workers search the rest of the time (a loaded CI machine once returned
+    ``timeout`` here after 2 of its 30 s)."""
     import pp_opt.solvers.cpsat as cpsat
 
     monkeypatch.setattr(cpsat, "SEARCH_SHARE", 0.0)
@@ -130,8 +131,9 @@ def test_a_search_left_without_time_proves_from_the_warm_start(
     schedule = as_schedule(problem, result.ops, warm.variant)
     assert not validate(schedule)
     bare = cpsat.solve_cpsat(problem, dag, SolveOptions(time_limit=20.0, threads=2))
-    assert bare.status == Status.TIMEOUT and bare.ops is None
-    assert bare.bound is not None and 17.0 < bare.bound <= 18.0 + 1e-9
+    assert bare.status == Status.OPTIMAL and bare.seconds < 20.0
+    assert bare.objective == pytest.approx(18.0) and bare.bound == pytest.approx(18.0)
+    assert not validate(as_schedule(problem, bare.ops, warm.variant))
 
 
 def _v_offload(cap: float):  # noqa: ANN202 - a Problem

@@ -102,10 +102,17 @@ def _solve(
     )
     if ordered is not None and (first is None or first[3] is None or ordered[1] < first[1]):
         first = (Status.FEASIBLE, ordered[1], None, ordered[3])  # its bound holds for its order
-    if first is None and proving and built.upper is not None and not search.stopped:
-        # The relaxation and the model took the search's share: the proof starts from the
-        # warm start (ops None: the API has it), which it tries to beat.
-        first = (Status.FEASIBLE, built.upper, None, None)
+    if first is None and proving and not search.stopped:
+        if built.upper is not None:
+            # The relaxation and the model took the search's share: the proof starts from the
+            # warm start (ops None: the API has it), which it tries to beat.
+            first = (Status.FEASIBLE, built.upper, None, None)
+        else:
+            # No warm start and nothing found in the share (a loaded machine, a small limit):
+            # the proof's portfolio searches, and proves, in the rest of the time.
+            log.info("cpsat: nothing found in the search's share; the proof's workers search")
+            first = _search(built, options, search, report, started, until=deadline,
+                            interleave=False, proof=True)  # fmt: skip
     if first is None:
         return BackendResult(status=Status.TIMEOUT, objective=None,
                              bound=None if relaxed is None else relaxed.value,
