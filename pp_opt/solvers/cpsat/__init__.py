@@ -103,16 +103,7 @@ def _solve(
     if ordered is not None and (first is None or first[3] is None or ordered[1] < first[1]):
         first = (Status.FEASIBLE, ordered[1], None, ordered[3])  # its bound holds for its order
     if first is None and proving and not search.stopped:
-        if built.upper is not None:
-            # The relaxation and the model took the search's share: the proof starts from the
-            # warm start (ops None: the API has it), which it tries to beat.
-            first = (Status.FEASIBLE, built.upper, None, None)
-        else:
-            # No warm start and nothing found in the share (a loaded machine, a small limit):
-            # the proof's portfolio searches, and proves, in the rest of the time.
-            log.info("cpsat: nothing found in the search's share; the proof's workers search")
-            first = _search(built, options, search, report, started, until=deadline,
-                            interleave=False, proof=True)  # fmt: skip
+        first = _after_empty_share(built, options, search, report, started, deadline)
     if first is None:
         return BackendResult(status=Status.TIMEOUT, objective=None,
                              bound=None if relaxed is None else relaxed.value,
@@ -136,6 +127,25 @@ def _solve(
         seconds=time.perf_counter() - started,
         ops=ops,
     )
+
+
+def _after_empty_share(
+    built: CpsatModel,
+    options: SolveOptions,
+    search: Search,
+    report: ProgressCallback | None,
+    started: float,
+    deadline: float,
+) -> Found | None:
+    """The proof's incumbent when the search's share found nothing (the relaxation and the
+    model took it, or a loaded machine): the warm start (ops None: the API has it), which
+    the proof tries to beat; without one, the proof's workers search, and prove, in the rest
+    of the time."""
+    if built.upper is not None:
+        return Status.FEASIBLE, built.upper, None, None
+    log.info("cpsat: nothing found in the search's share; the proof's workers search")
+    return _search(built, options, search, report, started, until=deadline, interleave=False,
+                   proof=True)  # fmt: skip
 
 
 FIXED_ORDER_SHARE = 0.3
