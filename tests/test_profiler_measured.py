@@ -51,6 +51,7 @@ def test_activation_bytes_agree_with_the_formula(over) -> None:
     assert layer["m_b"] == pytest.approx(m_b, rel=1e-6)
 
 
+@pytest.mark.timing  # its unpaired medians failed once with another busy process beside two workers
 def test_zero_bubble_layer_split_takes_as_long_as_a_full_backward() -> None:
     card = _card(attention="eager", dropout=0.0)
     meas = measured.measure_layers(card, seq=SEQ, mbs=MBS, repeats=15, warmup=2, head=False)
