@@ -65,7 +65,8 @@ demo: venv
 
 # Two test workers (pytest-xdist), one per core of CI's 2; a module stays on one worker, so
 # its module fixtures run once. The tests that hold a solve to its time limit within a second
-# or so, or compare CPU timings measured apart (marker timing), run afterwards, alone. TEST_WORKERS=0 runs the rest in one process.
+# or so, or compare CPU timings measured apart (marker timing), run afterwards, alone.
+# TEST_WORKERS=0 runs the rest in one process.
 TEST_WORKERS ?= 2
 
 test: test-venv torchtitan-venv
