@@ -37,7 +37,7 @@ SEVENTY_B = dict(tp=4, pp=8, microbatches=32, seq=4096, placement="v", v=2)
         (dict(pp=0), "pp"),
         (dict(tp=True), "tp"),
         (dict(placement="zigzag"), "placement"),
-        (dict(activation_checkpoint="all"), "activation_checkpoint"),
+        (dict(ac="all"), "ac"),
         (dict(layers=(1, 2, 3)), "layers"),
         (dict(bytes_per_param=-1.0), "bytes_per_param"),
         (dict(microbatches=20_000), "m"),

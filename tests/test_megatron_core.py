@@ -21,7 +21,7 @@ CONFIGS: list[dict[str, Any]] = [
     dict(tp=1, pp=4, v=1, layers=[9, 8, 8, 7], recompute=False),
     dict(tp=1, pp=4, v=1, layers=[8, 9, 7, 8], recompute=False),
     dict(tp=1, pp=4, v=1, layers=[8] * 4, recompute=False, full_layers=(3,) * 4),
-    dict(tp=1, pp=4, v=1, layers=[8] * 4, recompute=False, activation_checkpoint="selective"),
+    dict(tp=1, pp=4, v=1, layers=[8] * 4, recompute=False, ac="selective"),
 ]
 
 
@@ -30,7 +30,7 @@ def _printed() -> set[str]:
     for c in CONFIGS:
         job = Job(pp=c["pp"], v=c["v"], tp=c["tp"], layers=tuple(c["layers"]), mbs=1,
                   microbatches=16, seq=4096, full_layers=c.get("full_layers", ()),
-                  activation_checkpoint=c.get("activation_checkpoint", "none"))  # fmt: skip
+                  ac=c.get("ac", "none"))  # fmt: skip
         printed = megatron_flags(job, n_layers=sum(c["layers"]), recompute=c["recompute"])
         flags |= {f for f in printed if f.startswith("--")}
     return flags
@@ -71,7 +71,7 @@ def test_printed_recompute_values_pass_megatron_core_checks() -> None:
     for c in CONFIGS:
         job = Job(pp=c["pp"], v=c["v"], tp=c["tp"], layers=tuple(c["layers"]), mbs=1,
                   microbatches=16, seq=4096, full_layers=c.get("full_layers", ()),
-                  activation_checkpoint=c.get("activation_checkpoint", "none"))  # fmt: skip
+                  ac=c.get("ac", "none"))  # fmt: skip
         printed = megatron_flags(job, n_layers=sum(c["layers"]), recompute=c["recompute"])
         values = {
             MEGATRON_FLAGS[f].field: printed[i + 1]

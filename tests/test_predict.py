@@ -30,7 +30,7 @@ BASE = Job(pp=1, microbatches=1, seq=8192, mbs=2)
 
 def test_full_checkpointing_keeps_the_input_and_reruns_the_forward() -> None:
     plain = unit_costs(CARD, HW, BASE).layer
-    full = unit_costs(CARD, HW, replace(BASE, activation_checkpoint="full")).layer
+    full = unit_costs(CARD, HW, replace(BASE, ac="full")).layer
     assert full["m_b"] == layer_input_bytes(layer_shape(CARD, BASE))
     assert full["t_f"] == pytest.approx(plain["t_f"])
     assert full["t_b"] == pytest.approx(plain["t_b"] + plain["t_f"])
@@ -75,7 +75,7 @@ def test_job_checks_name_the_field_and_the_fix() -> None:
 def test_pure_fsdp_predicts_one_stage_and_its_exposed_communication() -> None:
     got = pp_opt.predict(model=CARD, hardware=HW, gpus=8, global_batch=16, seq=8192,
                          dp_shard=8, mbs=2, schedule="1F1B", ac="selective_op")  # fmt: skip
-    stage = pp_opt.profile_job(replace(BASE, dp_shard=8, activation_checkpoint="selective_op"),
+    stage = pp_opt.profile_job(replace(BASE, dp_shard=8, ac="selective_op"),
                                model=CARD, hardware=HW).stages[0]  # fmt: skip
     assert got.iteration_makespan == pytest.approx(stage.t_f + stage.t_b + stage.t_w)
     assert got.step_time == pytest.approx(
@@ -135,4 +135,4 @@ def test_the_plan_space_takes_the_allowed_features() -> None:
         assert (job.dp, job.dp_shard, job.dp_replicate, job.microbatches) == (8, 8, 1, 8)
         assert job.fp8 and job.fp8_all_gather and job.compile and job.async_tp
         assert not job.optimizer_sharding
-    assert {j.activation_checkpoint for j in jobs} == {"full", "none"}
+    assert {j.ac for j in jobs} == {"full", "none"}

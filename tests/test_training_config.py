@@ -65,19 +65,19 @@ def test_megatron_even_interleaved_split() -> None:
 def test_megatron_recompute_follows_the_job_checkpointing() -> None:
     """The job's activation checkpointing gives Megatron-LM's recompute flags (a plan of
     ``--ac full`` printed none before, so Megatron-LM would have kept every activation)."""
-    full = _megatron(activation_checkpoint="full")
+    full = _megatron(ac="full")
     assert full[-6:] == ["--recompute-granularity", "full", "--recompute-method", "uniform",
                          "--recompute-num-layers", "1"]  # fmt: skip
-    assert _megatron(activation_checkpoint="selective")[-2:] == [
+    assert _megatron(ac="selective")[-2:] == [
         "--recompute-granularity", "selective"]  # fmt: skip
     block = _megatron(full_layers=(2, 2, 2, 2))
     assert block[-6:] == ["--recompute-granularity", "full", "--recompute-method", "block",
                           "--recompute-num-layers", "2"]  # fmt: skip
     assert "--recompute-granularity" not in _megatron()
     for changes, field in (
-        (dict(activation_checkpoint="selective_op"), "activation_checkpoint"),
+        (dict(ac="selective_op"), "ac"),
         (dict(full_layers=(2, 1, 2, 2)), "full_layers"),
-        (dict(full_layers=(2, 2, 2, 2), activation_checkpoint="selective"), "full_layers"),
+        (dict(full_layers=(2, 2, 2, 2), ac="selective"), "full_layers"),
     ):
         with pytest.raises(ProblemError) as err:
             _megatron(**changes)

@@ -10,7 +10,6 @@ from pp_opt.schedule import Schedule
 
 FLAGS = {
     "ac": "--ac",
-    "activation_checkpoint": "--recompute",
     "torchtitan": "--torchtitan",
     "torchtitan_activation_checkpoint": "--activation-checkpoint",
     "torchtitan_base": "--torchtitan-base",

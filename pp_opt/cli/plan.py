@@ -12,6 +12,7 @@ import typer
 
 from pp_opt.atomic import check_writable
 from pp_opt.cli import exit_codes
+from pp_opt.cli.job_options import with_job_options
 from pp_opt.cli.output import say
 from pp_opt.cli.stopping import run_token, stop_reason
 from pp_opt.errors import ProblemError
@@ -21,41 +22,6 @@ if TYPE_CHECKING:
     from pp_opt.planner import Plan
     from pp_opt.planner.search import PlanProgress
     from pp_opt.planner.training import TorchtitanChoice
-
-
-def _ints(flag_name: str, text: str | None) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        values = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
-    except ValueError:
-        raise ProblemError(flag_name, f"got {text!r}; give integers separated by commas") from None
-    if not values or any(x < 1 for x in values):
-        raise ProblemError(flag_name, f"got {text!r}; give integers of at least 1")
-    return values
-
-
-def _placements(text: str | None) -> tuple[str, ...] | None:
-    if text is None:
-        return None
-    values = tuple(x for x in text.replace(" ", "").split(",") if x)
-    bad = [x for x in values if x not in ("loop", "v")]
-    if not values or bad:
-        raise ProblemError("placement", f"got {text!r}; give loop, v or loop,v")
-    return values
-
-
-def _modes(text: str | None) -> tuple[str, ...] | None:
-    from pp_opt.job import ACTIVATION_CHECKPOINT_MODES
-
-    if text is None:
-        return None
-    values = tuple(x for x in text.replace(" ", "").split(",") if x)
-    bad = [x for x in values if x not in ACTIVATION_CHECKPOINT_MODES]
-    if not values or bad:
-        modes = ", ".join(ACTIVATION_CHECKPOINT_MODES)
-        raise ProblemError("ac", f"got {text!r}; give some of {modes}, separated by commas")
-    return values
 
 
 def _progress(quiet: bool) -> Callable[[PlanProgress], None] | None:
@@ -75,6 +41,7 @@ def _progress(quiet: bool) -> Callable[[PlanProgress], None] | None:
     return show
 
 
+@with_job_options("plan")
 def plan(
     model: str = typer.Option(..., "--model", help="Model card TOML (or bundled name)."),
     hardware: str = typer.Option(..., "--hardware", help="Hardware card TOML (or name)."),
@@ -89,32 +56,12 @@ def plan(
         None, "--torch-csv", help="Write the best schedule as PyTorch's CSV."
     ),
     plot: Path | None = typer.Option(None, "--plot", help="Step time vs memory picture."),
-    tp: str | None = typer.Option(None, "--tp", help="Tensor-parallel degrees, e.g. 1,2."),
-    pp: str | None = typer.Option(None, "--pp", help="Pipeline sizes, e.g. 4,8."),
-    v: str | None = typer.Option(None, "--v", help="Chunks per device, e.g. 1,2."),
-    placement: str | None = typer.Option(None, "--placement", help="loop, v or loop,v."),
-    mbs: str | None = typer.Option(None, "--mbs", help="Microbatch sizes, e.g. 1,2."),
     recompute: bool | None = typer.Option(
         None, "--recompute/--no-recompute", help="Allow recompute (default: try both)."
     ),
     offload: bool | None = typer.Option(
         None, "--offload/--no-offload", help="Allow offload (default: try both)."
     ),
-    sharding: bool | None = typer.Option(
-        None,
-        "--optimizer-sharding/--no-optimizer-sharding",
-        help="Shard the optimizer state over dp (default: try both).",
-    ),  # fmt: skip
-    ac: str | None = typer.Option(
-        None, "--ac", help="Activation checkpointing modes, e.g. none,full (default none)."
-    ),
-    cp: str | None = typer.Option(None, "--cp", help="Context-parallel degrees, e.g. 1,2."),
-    dp_shard: str | None = typer.Option(
-        None, "--dp-shard", help="FSDP shard degrees, e.g. 8 (default 1: plain dp)."
-    ),
-    fp8: bool = typer.Option(False, "--fp8", help="Allow Float8 linear layers."),
-    compile: bool = typer.Option(False, "--compile", help="Allow torch.compile."),
-    async_tp: bool = typer.Option(False, "--async-tp", help="Allow AsyncTP (with --compile)."),
     time_limit: float = typer.Option(300.0, "--time-limit", help="Seconds for the whole plan."),
     workers: int | None = typer.Option(
         None, "--workers", help="Local solver processes (default: CPUs, at most 4)."
@@ -144,6 +91,7 @@ def plan(
         help="torchtitan's activation checkpointing: none, full or selective (default: the "
         "best plan's --ac; selective cannot run a split backward: the CSV is then fused).",
     ),  # fmt: skip
+    job_fields: dict[str, Any] | None = None,
 ) -> None:
     """Rank the configurations of a training job by step time (tp, pp, dp, v, placement,
     mbs, layer split, recompute, offload, optimizer sharding), each with a solved schedule,
@@ -165,11 +113,7 @@ def plan(
         if path is not None:
             check_writable(path)
     base = _checked_base(model, torchtitan_config, torchtitan_base)
-    pins = Pins(tp=_ints("tp", tp), pp=_ints("pp", pp), v=_ints("v", v),
-                placement=_placements(placement), mbs=_ints("mbs", mbs), recompute=recompute,
-                offload=offload, optimizer_sharding=sharding, ac=_modes(ac), cp=_ints("cp", cp),
-                dp_shard=_ints("dp_shard", dp_shard), fp8=fp8, compile=compile,
-                async_tp=async_tp)  # fmt: skip
+    pins = Pins(recompute=recompute, offload=offload, **(job_fields or {}))
     count = workers if workers is not None else max(1, min(4, os.cpu_count() or 1))
     result = run_plan(model=model, hardware=hardware, gpus=gpus, global_batch=global_batch,
                       seq=seq, pins=pins, time_limit=time_limit, workers=count, ray=ray,

@@ -4,38 +4,25 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from pp_opt.atomic import check_writable
-from pp_opt.cli.common import LayersOption, VppAlias, chunks_per_device, layers_per_stage
+from pp_opt.cli.common import VppAlias, chunks_per_device
+from pp_opt.cli.job_options import with_job_options
+from pp_opt.errors import ProblemError
 from pp_opt.cli.output import say, show_and_write
 
 
+@with_job_options("profile")
 def profile(
     model: Path = typer.Option(..., "--model", help="Model card TOML (or bundled name)."),
     hardware: Path | None = typer.Option(
         None, "--hardware", help="Hardware card TOML (or name); 'cpu' by default with --measure."
     ),
-    pp: int = typer.Option(..., "--pp", help="Pipeline size (devices)."),
-    v: int | None = typer.Option(None, "--v", help="Chunks per device (default 1; v placement 2)."),
-    vpp: int | None = VppAlias,
-    placement: str = typer.Option("loop", "--placement", help="loop or v (implies --v 2)."),
-    microbatches: int = typer.Option(..., "--microbatches", "-m", help="Microbatches."),
-    mbs: int = typer.Option(1, "--mbs", help="Microbatch size (sequences)."),
     seq: int | None = typer.Option(None, "--seq", help="Sequence length (card default)."),
-    tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree (sequence parallel)."),
-    layers: str | None = LayersOption,
-    recompute: str = typer.Option(
-        "none", "--recompute", help="none, selective, selective_op or full (checkpointing)."
-    ),
-    dp_shard: int = typer.Option(1, "--dp-shard", help="FSDP shard degree."),
-    dp_replicate: int = typer.Option(1, "--dp-replicate", help="Replicas of each shard group."),
-    cp: int = typer.Option(1, "--cp", help="Context-parallel degree."),
-    fp8: bool = typer.Option(False, "--fp8", help="Float8 linear layers."),
-    compile: bool = typer.Option(False, "--compile", help="torch.compile each layer."),
-    async_tp: bool = typer.Option(False, "--async-tp", help="Overlap TP collectives."),
-    bytes_per_param: float = typer.Option(16.0, "--bytes-per-param", help="Static bytes."),
+    vpp: int | None = VppAlias,
     measure: bool = typer.Option(False, "--measure", help="Time PyTorch modules (CUDA/CPU)."),
     repeats: int = typer.Option(10, "--repeats", help="Timed runs per measurement."),
     threads: int | None = typer.Option(None, "--threads", help="Torch CPU threads (measure)."),
@@ -44,6 +31,7 @@ def profile(
     concurrent: bool = typer.Option(
         False, "--concurrent", help="Time all devices' stages at once, as a pipeline runs."
     ),
+    job_fields: dict[str, Any] | None = None,
 ) -> None:
     """Profile per-stage costs (analytic, or measured with --measure) and print them."""
     from pp_opt.profiler import profile_of
@@ -51,14 +39,15 @@ def profile(
 
     if output is not None:
         check_writable(output)
-    chunks = chunks_per_device(v, vpp=vpp) or 1
+    fields = dict(job_fields or {})
+    for name in ("pp", "microbatches"):
+        if name not in fields:
+            raise ProblemError(name, f"missing; give --{name}")
+    fields["v"] = chunks_per_device(fields.get("v"), vpp=vpp) or 1
     card = None if hardware is None else str(hardware)  # None: 'cpu' when measuring on a CPU
     profile = profile_of(
-        model=str(model), hardware=card, pp=pp, v=chunks, placement=placement,
-        microbatches=microbatches, mbs=mbs, seq=seq, tp=tp, layers=layers_per_stage(layers),
-        measure=measure, recompute=recompute, bytes_per_param=bytes_per_param, repeats=repeats,
-        threads=threads, warmup=warmup, concurrent=concurrent, dp_shard=dp_shard,
-        dp_replicate=dp_replicate, cp=cp, fp8=fp8, compile=compile, async_tp=async_tp,
+        model=str(model), hardware=card, seq=seq, measure=measure, repeats=repeats,
+        threads=threads, warmup=warmup, concurrent=concurrent, **fields,
     )  # fmt: skip
     data = profile.to_dict()
     show_and_write(costs_table(data), data, output)

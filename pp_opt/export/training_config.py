@@ -39,7 +39,7 @@ def _checkpoint_flags(job: Job, *, recompute: bool) -> tuple[str, ...]:
     ``TransformerConfig.recompute_granularity/method/num_layers``): ``full`` -> every layer
     (uniform, 1); ``full_layers`` -> the block method, one count for every stage;
     ``selective`` -> the attention core (Megatron's own selective, Korthikanti et al.)."""
-    mode = job.activation_checkpoint
+    mode = job.ac
     if recompute or mode == "full":
         return _RECOMPUTE_FLAGS
     if job.full_layers and any(job.full_layers):
@@ -48,7 +48,7 @@ def _checkpoint_flags(job: Job, *, recompute: bool) -> tuple[str, ...]:
             raise ProblemError(
                 "full_layers", f"Megatron-LM checkpoints one number of layers on every stage "
                 f"and nothing else (block method); got {list(job.full_layers)} with the rest "
-                f"{mode}: give every stage the same count and activation_checkpoint none"
+                f"{mode}: give every stage the same count and ac none"
             )  # fmt: skip
         return ("--recompute-granularity", "full", "--recompute-method", "block",
                 "--recompute-num-layers", str(counts.pop()))  # fmt: skip
@@ -56,7 +56,7 @@ def _checkpoint_flags(job: Job, *, recompute: bool) -> tuple[str, ...]:
         return ("--recompute-granularity", "selective")
     if mode == "selective_op":
         raise ProblemError(
-            "activation_checkpoint", "Megatron-LM has no op-level selective checkpointing "
+            "ac", "Megatron-LM has no op-level selective checkpointing "
             "(torchtitan's selective_op); use none, selective or full for Megatron-LM"
         )  # fmt: skip
     return ()

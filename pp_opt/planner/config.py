@@ -3,11 +3,11 @@ its search-only switches)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, dataclass
 from typing import Any
 
 from pp_opt.errors import ProblemError
-from pp_opt.job import Job
+from pp_opt.job import DEFAULTS, RENAMED, Job, job_options
 from pp_opt.profiler.cards import HardwareCard, ModelCard
 
 
@@ -64,11 +64,13 @@ class Candidate:
         return self.job.layers
 
     def key(self) -> tuple[Any, ...]:
-        """A total order for deterministic tie-breaking."""
+        """A total order for deterministic tie-breaking: the degrees, the switches, then
+        every other job field in declaration order."""
         j = self.job
-        return (j.tp, j.pp, j.v, j.placement, j.mbs, self.recompute, self.offload,
-                j.optimizer_sharding, j.layers, j.cp, j.dp_shard, j.activation_checkpoint,
-                j.fp8, j.compile, j.async_tp)  # fmt: skip
+        head = (j.tp, j.pp, j.v, j.placement, j.mbs, self.recompute, self.offload,
+                j.optimizer_sharding, j.layers)  # fmt: skip
+        rest = tuple(getattr(j, name) for name in KEYED if name not in _KEY_HEAD)
+        return head + rest
 
     def label(self) -> str:
         flags = [f for f, on in (("recompute", self.recompute), ("offload", self.offload),
@@ -76,68 +78,83 @@ class Candidate:
         return self.job.label() + "".join(f" {f}" for f in flags)
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``config`` object of a plan file."""
-        j = self.job
-        return {"tp": j.tp, "pp": j.pp, "dp": j.dp, "v": j.v, "placement": j.placement,
-                "mbs": j.mbs, "m": j.microbatches, "recompute": self.recompute,
-                "offload": self.offload, "optimizer_sharding": j.optimizer_sharding,
-                "layers": list(j.layers), **_features(j)}  # fmt: skip
+        """The ``config`` object of a plan file: the job's fields (``m`` its microbatches),
+        and the search's switches."""
+        fields = self.job.fields_dict()
+        fields.pop("seq")
+        m = fields.pop("microbatches")
+        return {**fields, "m": m, "recompute": self.recompute, "offload": self.offload}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, seq: int) -> Candidate:
         """Inverse of :meth:`to_dict` (``seq``: the plan's sequence length)."""
-        job = Job(tp=data["tp"], pp=data["pp"], dp=data["dp"], v=data["v"],
-                  placement=data["placement"], mbs=data["mbs"], microbatches=data["m"], seq=seq,
-                  layers=tuple(data["layers"]),
-                  optimizer_sharding=data["optimizer_sharding"],
-                  **{k: data[k] for k in FEATURE_DEFAULTS if k in data})  # fmt: skip
+        job = Job.from_dict(data, seq=seq, microbatches=data["m"])
         return cls(job=job, recompute=data["recompute"], offload=data["offload"])
 
 
-FEATURE_DEFAULTS: dict[str, Any] = {
-    "cp": 1, "dp_shard": 1, "activation_checkpoint": "none", "fp8": False,
-    "fp8_all_gather": False, "compile": False, "async_tp": False,
-}  # fmt: skip
-"""Job fields of issue 27 a plan file's ``config`` carries when they differ from these."""
+_KEY_HEAD = ("tp", "pp", "v", "placement", "mbs", "optimizer_sharding", "layers")
+KEYED = tuple(name for name, default in DEFAULTS.items()
+              if default is not None and default is not MISSING)  # fmt: skip
+"""Job fields that order candidates (those that are never None)."""
 
 
-def _features(job: Job) -> dict[str, Any]:
-    return {k: getattr(job, k) for k, d in FEATURE_DEFAULTS.items() if getattr(job, k) != d}
-
-
-@dataclass(kw_only=True, slots=True)
 class Pins:
-    """Values a user pinned; None searches every legal value of that dimension."""
+    """Values a user pinned; None searches every legal value of that dimension.
 
-    tp: tuple[int, ...] | None = None
-    """Tensor-parallel degrees to try."""
-    pp: tuple[int, ...] | None = None
-    """Pipeline sizes to try."""
-    v: tuple[int, ...] | None = None
-    """Chunks per device to try (the ``v`` placement always has 2)."""
-    placement: tuple[str, ...] | None = None
-    """Placements to try (``loop``, ``v``)."""
-    mbs: tuple[int, ...] | None = None
-    """Microbatch sizes to try."""
-    recompute: bool | None = None
-    """Recompute allowed (True), not (False), or both tried (None)."""
-    offload: bool | None = None
-    """Offload allowed (True), not (False), or both tried (None)."""
-    optimizer_sharding: bool | None = None
-    """Optimizer sharding on, off, or both tried (None; off when ``dp = 1``)."""
-    ac: tuple[str, ...] | None = None
-    """Activation checkpointing modes to try (None: ``none``)."""
-    cp: tuple[int, ...] | None = None
-    """Context-parallel degrees to try (None: 1)."""
-    dp_shard: tuple[int, ...] | None = None
-    """FSDP shard degrees to try, each dividing ``dp`` (None: 1, plain data parallelism)."""
-    fp8: bool = False
-    """Float8 linear layers allowed (then used)."""
-    compile: bool = False
-    """torch.compile allowed (then used)."""
-    async_tp: bool = False
-    """AsyncTP allowed (then used where ``tp > 1``; needs ``compile``)."""
+    Besides ``recompute`` and ``offload`` (the search's own switches), every :class:`Job`
+    field the ``plan`` command takes is a pin (:func:`pp_opt.job.job_options`), by its
+    :attr:`JobOption.plan <pp_opt.job.JobOption.plan>`: ``values`` fields take a tuple of
+    values to try (None: the planner's range), ``both`` a bool or None (try both), ``allow``
+    a bool (allowed, then used), ``fixed`` one value for every candidate.
+    """
+
+    __slots__ = ("recompute", "offload", "values")
+
+    def __init__(self, *, recompute: bool | None = None, offload: bool | None = None,
+                 **pinned: Any) -> None:  # fmt: skip
+        self.recompute = recompute
+        """Recompute allowed (True), not (False), or both tried (None)."""
+        self.offload = offload
+        """Offload allowed (True), not (False), or both tried (None)."""
+        self.values: dict[str, Any] = {name: pin_default(name) for name in PINNED}
+        """Each job field's pin."""
+        for name, value in pinned.items():
+            key = RENAMED.get(name, name)
+            if key not in PINNED:
+                raise ProblemError(name, f"not a plan setting; use one of {', '.join(PINNED)}")
+            self.values[key] = _pin(key, value)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return object.__getattribute__(self, "values")[RENAMED.get(name, name)]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Pins) and self.to_dict() == other.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = {"recompute": self.recompute, "offload": self.offload, **self.values}
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in out.items()}
+
+
+PINNED = job_options("plan")
+"""The job fields a plan pins, by name."""
+
+
+def pin_default(name: str) -> Any:
+    """An unpinned field's pin: None (searched), False (not allowed) or the job default."""
+    plan = PINNED[name].plan
+    if plan == "allow":
+        return False
+    return DEFAULTS[name] if plan == "fixed" else None
+
+
+def _pin(name: str, value: Any) -> Any:
+    """``value`` as the pin of ``name``: a tuple of values for ``values`` fields."""
+    spec = PINNED[name]
+    if spec.plan == "values" and value is not None:
+        if isinstance(value, str) or not isinstance(value, tuple | list):
+            value = (value,)
+        return tuple(value)
+    return value

@@ -7,15 +7,16 @@ schedule, the step time), so a plan is a search over predictions.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pp_opt.arguments import choice, flag, integer, number, of_type
+from pp_opt.arguments import choice, integer, number, of_type
 from pp_opt.errors import ProblemError
 from pp_opt.frameworks.pytorch import PYTORCH_SCHEDULES, check_schedule_fits
 from pp_opt.frameworks.torchtitan import default_layers, default_stages_per_rank
-from pp_opt.job import Job, microbatch_count
+from pp_opt.job import FIELDS, RENAMED, Job, microbatch_count
 from pp_opt.planner.config import Candidate, PlanInputs
 from pp_opt.planner.evaluate import SOLVED, EvaluationTask, Scored, evaluate
 from pp_opt.profiler.cards import HardwareCard, ModelCard, load_hardware_card, load_model_card
@@ -71,12 +72,7 @@ class Prediction:
     def from_scored(cls, scored: Scored, inputs: PlanInputs) -> Prediction:
         """The prediction of one evaluated candidate."""
         job = scored.candidate.job
-        config = {**inputs.to_dict(), **job.layout_dict(0.0), "dp": job.dp,
-                  "dp_shard": job.dp_shard, "dp_replicate": job.dp_replicate, "cp": job.cp,
-                  "ac": job.activation_checkpoint, "fp8": job.fp8, "compile": job.compile,
-                  "async_tp": job.async_tp, "fp8_all_gather": job.fp8_all_gather}  # fmt: skip
-        config.pop("bytes_per_param", None)
-        config.pop("recompute", None)
+        config = {**inputs.to_dict(), **job.fields_dict()}
         return cls(
             config=config, schedule=SOLVED_NAME if scored.order == SOLVED else scored.order,
             step_time=scored.step_time, tokens_per_s_per_gpu=scored.tokens_per_s_per_gpu,
@@ -91,32 +87,40 @@ def schedule_names() -> tuple[str, ...]:
     return (SOLVED_NAME, *PYTORCH_SCHEDULES)
 
 
+PREDICT_FIELDS = tuple(name for name in FIELDS if name not in ("dp", "microbatches", "seq"))
+"""The Job fields :func:`predict` takes as keywords (``dp`` and the microbatches follow from
+the degrees and the batch)."""
+
+
 def prediction_job(
-    card: ModelCard, *, gpus: int, global_batch: int, seq: int, tp: int, pp: int, cp: int,
-    dp_shard: int, dp_replicate: int, mbs: int, schedule: str, v: int | None, placement: str,
-    layers: tuple[int, ...] | None, ac: str, fp8: bool, compile: bool, async_tp: bool,
-    fp8_all_gather: bool | None, full_layers: tuple[int, ...] = (),
+    card: ModelCard, *, gpus: int, global_batch: int, seq: int, schedule: str,
+    **fields: Any,
 ) -> Job:  # fmt: skip
     """The pinned job: degrees checked against ``gpus``, microbatches from the batch; for a
     PyTorch schedule, ``v`` as torchtitan builds it, checked to fit the schedule, and layers
-    split as torchtitan splits them (evenly for ``pp_opt``)."""
-    product = tp * pp * cp * dp_shard * dp_replicate
+    split as torchtitan splits them (evenly for ``pp_opt``). ``fields``: the Job's fields
+    (:data:`PREDICT_FIELDS`; None or absent: the Job's default)."""
+    given = {RENAMED.get(k, k): v for k, v in fields.items() if v is not None}
+    unknown = sorted(set(given) - set(PREDICT_FIELDS))
+    if unknown:
+        names = ", ".join(PREDICT_FIELDS)
+        raise ProblemError(unknown[0], f"not a setting of predict; use one of {names}")
+    degrees = {k: given.get(k, 1) for k in ("tp", "pp", "cp", "dp_shard")}
+    degrees["dp_replicate"] = given.get("dp_replicate") or 1
+    for name, value in degrees.items():
+        integer(name, value, low=1)
+    product = math.prod(degrees.values())
     if product != gpus:
         raise ProblemError(
             "gpus", f"{gpus} GPUs but tp x pp x cp x dp_shard x dp_replicate = {product}; "
             "give degrees whose product is the GPU count",
         )  # fmt: skip
-    dp = dp_shard * dp_replicate
-    microbatches = microbatch_count(global_batch=global_batch, dp=dp, mbs=mbs)
-    if v is None:  # the v placement lifts it to 2 (Job)
-        v = 1 if schedule == SOLVED_NAME else default_stages_per_rank(schedule)
-    job = Job(
-        pp=pp, v=v, placement=placement, microbatches=microbatches, mbs=mbs,
-        seq=seq, tp=tp, dp=dp, dp_shard=dp_shard, dp_replicate=dp_replicate, cp=cp,
-        activation_checkpoint=ac, fp8=fp8, compile=compile, async_tp=async_tp,
-        fp8_all_gather=fp8_all_gather,
-        layers=tuple(layers or ()), full_layers=tuple(full_layers),
-    )  # fmt: skip
+    dp = degrees["dp_shard"] * degrees["dp_replicate"]
+    given.update(degrees)
+    microbatches = microbatch_count(global_batch=global_batch, dp=dp, mbs=given.get("mbs", 1))
+    if "v" not in given:  # the v placement lifts it to 2 (Job)
+        given["v"] = 1 if schedule == SOLVED_NAME else default_stages_per_rank(schedule)
+    job = Job(microbatches=microbatches, seq=seq, dp=dp, **given)
     if schedule != SOLVED_NAME:
         try:
             check_schedule_fits(schedule, placement=job.placement, v=job.v, with_csv=False)
@@ -129,62 +133,30 @@ def prediction_job(
 
 def predict(
     *, model: str | Path | ModelCard, hardware: str | Path | HardwareCard, gpus: int,
-    global_batch: int, seq: int, tp: int = 1, pp: int = 1, cp: int = 1, dp_shard: int = 1,
-    dp_replicate: int = 1, mbs: int = 1, schedule: str = SOLVED_NAME, v: int | None = None,
-    placement: str = "loop", layers: tuple[int, ...] | list[int] | None = None,
-    ac: str = "none", fp8: bool = False, compile: bool = False, async_tp: bool = False,
-    fp8_all_gather: bool | None = None, full_layers: tuple[int, ...] = (),
-    time_limit: float = 10.0,
+    global_batch: int, seq: int, schedule: str = SOLVED_NAME, time_limit: float = 10.0,
+    **fields: Any,
 ) -> Prediction:  # fmt: skip
     """Evaluate one fully pinned configuration (see :mod:`pp_opt.predict`).
 
     ``schedule``: ``pp_opt`` (solved within ``time_limit`` seconds) or one of PyTorch's
-    names (:func:`schedule_names`). ``fp8_all_gather`` None: on with Float8 and FSDP.
+    names (:func:`schedule_names`). ``fields``: the configuration, as :class:`Job` fields
+    (``tp``, ``pp``, ``cp``, ``dp_shard``, ``dp_replicate``, ``mbs``, ``v``, ``placement``,
+    ``layers``, ``ac``, ``fp8``, ``compile``, ``async_tp``, ``ep``, ... :data:`PREDICT_FIELDS`);
+    each left out takes the Job's default (``v``: the schedule's).
     """
-    _check_arguments(dict(
-        model=model, hardware=hardware, gpus=gpus, global_batch=global_batch, seq=seq, tp=tp,
-        pp=pp, cp=cp, dp_shard=dp_shard, dp_replicate=dp_replicate, mbs=mbs, schedule=schedule,
-        v=v, placement=placement, layers=layers, ac=ac, fp8=fp8, compile=compile,
-        async_tp=async_tp, fp8_all_gather=fp8_all_gather, full_layers=full_layers,
-        time_limit=time_limit,
-    ))  # fmt: skip
+    card_types = (str, Path)
+    of_type("model", model, (*card_types, ModelCard), "a model card's name or path")
+    of_type("hardware", hardware, (*card_types, HardwareCard), "a hardware card's name")
+    for name, value in (("gpus", gpus), ("global_batch", global_batch), ("seq", seq)):
+        integer(name, value, low=1)
+    choice("schedule", schedule, schedule_names())
+    number("time_limit", time_limit, above=0.0)
     card, hw = load_model_card(model), load_hardware_card(hardware)
     inputs = PlanInputs(model=card, hardware=hw, gpus=gpus, global_batch=global_batch, seq=seq)
-    job = prediction_job(
-        card, gpus=gpus, global_batch=global_batch, seq=seq, tp=tp, pp=pp, cp=cp,
-        dp_shard=dp_shard, dp_replicate=dp_replicate, mbs=mbs, schedule=schedule, v=v,
-        placement=placement, layers=None if layers is None else tuple(layers), ac=ac, fp8=fp8,
-        compile=compile, async_tp=async_tp, fp8_all_gather=fp8_all_gather,
-        full_layers=tuple(full_layers),
-    )  # fmt: skip
+    job = prediction_job(card, gpus=gpus, global_batch=global_batch, seq=seq, schedule=schedule,
+                         **fields)  # fmt: skip
     candidate = Candidate(job=job, recompute=False, offload=False, origin="predict")
     order = SOLVED if schedule == SOLVED_NAME else schedule
     scored = evaluate(EvaluationTask(inputs=inputs, candidate=candidate, order=order,
                                      time_limit=time_limit))  # fmt: skip
     return Prediction.from_scored(scored, inputs)
-
-
-def _check_arguments(args: dict[str, Any]) -> None:
-    """Each of :func:`predict`'s arguments checked by name, before any work starts."""
-    card_types = (str, Path)
-    of_type("model", args["model"], (*card_types, ModelCard), "a model card's name or path")
-    of_type("hardware", args["hardware"], (*card_types, HardwareCard), "a hardware card's name")
-    for name in ("gpus", "global_batch", "seq", "tp", "pp", "cp", "dp_shard", "dp_replicate",
-                 "mbs"):  # fmt: skip
-        integer(name, args[name], low=1)
-    choice("schedule", args["schedule"], schedule_names())
-    if args["v"] is not None:
-        integer("v", args["v"], low=1)
-    choice("placement", args["placement"], ("loop", "v"))
-    for name in ("layers", "full_layers"):
-        value = args[name]
-        if (value is not None or name == "full_layers") and (
-            isinstance(value, str | bytes) or not isinstance(value, tuple | list)
-        ):
-            raise ProblemError(name, f"got {value!r:.60}; give a list of layer counts per stage")
-    of_type("ac", args["ac"], str, "none, selective, selective_op or full")
-    for name in ("fp8", "compile", "async_tp"):
-        flag(name, args[name])
-    if args["fp8_all_gather"] is not None:
-        flag("fp8_all_gather", args["fp8_all_gather"])
-    number("time_limit", args["time_limit"], above=0.0)

@@ -15,10 +15,12 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from pp_opt.errors import ProblemError
 from pp_opt.job import Job, microbatch_count
-from pp_opt.planner.config import Candidate, Pins, PlanInputs
+from pp_opt.job import DEFAULTS
+from pp_opt.planner.config import PINNED, Candidate, Pins, PlanInputs
 
 PLACEMENTS = ("loop", "v")
 
@@ -138,11 +140,47 @@ def _data_parallel(
     return out
 
 
-def _features(pins: Pins, tp: int) -> list[dict[str, object]]:
-    """The job fields of issue 27 each configuration of ``tp`` takes."""
-    return [dict(activation_checkpoint=ac, fp8=pins.fp8, compile=pins.compile,
-                 async_tp=pins.async_tp and tp > 1)
-            for ac in pins.ac or ("none",)]  # fmt: skip
+STRUCTURAL = ("tp", "pp", "v", "placement", "mbs", "cp", "dp_shard", "optimizer_sharding",
+              "ep", "etp")  # fmt: skip
+"""Job fields whose legal values this module works out itself (the rest are :func:`_settings`)."""
+
+
+def _settings(pins: Pins, tp: int) -> list[dict[str, Any]]:
+    """Every combination of the other pinned job fields for ``tp``: each ``values`` field's
+    pinned values (its default when unpinned), each allowed feature (AsyncTP only with
+    ``tp > 1``), each ``fixed`` field's value."""
+    axes: list[list[tuple[str, Any]]] = []
+    for name, spec in PINNED.items():
+        if name in STRUCTURAL:
+            continue
+        pin = pins.values[name]
+        if spec.plan == "values":
+            values = pin if pin is not None else (DEFAULTS[name],)
+        elif spec.plan == "allow":
+            values = (bool(pin) and (tp > 1 or name != "async_tp"),)
+        else:
+            values = (pin,)
+        axes.append([(name, value) for value in values])
+    return [dict(combo) for combo in itertools.product(*axes)]
+
+
+def _experts(inputs: PlanInputs, pins: Pins, ranks: int, skipped: Counter[str]
+             ) -> list[tuple[int, int]]:  # fmt: skip
+    """``(ep, etp)`` choices of a stage of ``ranks`` GPUs (``dp x cp x tp``): ``ep`` divides
+    the routed experts and, times ``etp``, the ranks; a dense model has only ``(1, 1)``."""
+    experts = inputs.model.experts
+    if not experts:
+        return [(1, 1)]
+    out = []
+    for etp in pins.etp or (1,):
+        for ep in pins.ep or tuple(d for d in divisors(experts) if d > 1 or experts == 1):
+            if experts % ep:
+                skipped["ep does not divide the experts"] += 1
+            elif ranks % (ep * etp):
+                skipped["ep x etp does not divide dp x cp x tp"] += 1
+            else:
+                out.append((ep, etp))
+    return out
 
 
 def enumerate_configs(inputs: PlanInputs, pins: Pins) -> Enumeration:
@@ -151,23 +189,21 @@ def enumerate_configs(inputs: PlanInputs, pins: Pins) -> Enumeration:
     result = Enumeration()
     skipped = result.skipped
     for tp in _tp_values(inputs, pins, skipped):
+        settings = _settings(pins, tp)
         for pp in _pp_values(inputs, pins, tp, skipped):
             for cp, dp, shard in _data_parallel(inputs, pins, tp, pp, skipped):
-                for mbs, m in _mbs_values(inputs, pins, dp, skipped):
-                    for placement, v in _chunk_values(inputs, pins, pp, skipped):
-                        for features in _features(pins, tp):
-                            for recompute, offload, sharding in _switches(
-                                pins, 1 if shard > 1 else dp
-                            ):
-                                try:
-                                    job = Job(tp=tp, pp=pp, dp=dp, v=v, placement=placement,
-                                              mbs=mbs, microbatches=m, seq=inputs.seq, cp=cp,
-                                              dp_shard=shard, optimizer_sharding=sharding,
-                                              **features)  # type: ignore[arg-type]  # fmt: skip
-                                except ProblemError as err:
-                                    skipped[f"beyond pp_opt's limits ({err.field})"] += 1
-                                    continue
-                                result.configs.append(
-                                    Candidate(job=job, recompute=recompute, offload=offload)
-                                )
+                experts = _experts(inputs, pins, dp * cp * tp, skipped)
+                for (mbs, m), (placement, v), (ep, etp), features, switches in itertools.product(
+                    _mbs_values(inputs, pins, dp, skipped), _chunk_values(inputs, pins, pp, skipped),
+                    experts, settings, _switches(pins, 1 if shard > 1 else dp),
+                ):  # fmt: skip
+                    recompute, offload, sharding = switches
+                    try:
+                        job = Job(tp=tp, pp=pp, dp=dp, v=v, placement=placement, mbs=mbs,
+                                  microbatches=m, seq=inputs.seq, cp=cp, dp_shard=shard,
+                                  optimizer_sharding=sharding, ep=ep, etp=etp, **features)
+                    except ProblemError as err:
+                        skipped[f"beyond pp_opt's limits ({err.field})"] += 1
+                        continue
+                    result.configs.append(Candidate(job=job, recompute=recompute, offload=offload))
     return result

@@ -46,7 +46,7 @@ def training_settings(
     job's own."""
     job = best.candidate.job
     if activation_checkpoint is not None:
-        job = replace(job, activation_checkpoint=activation_checkpoint)
+        job = replace(job, ac=activation_checkpoint)
     out: dict[str, Any] = {"layers": list(job.layers)}
     if job.pp > 1:
         if schedule_csv is None:  # the keys still name the CSV a job needs; say how to make it
@@ -101,7 +101,7 @@ def plan_training(
     """The settings of the best candidate torchtitan can run, with notes on the choices.
 
     ``activation_checkpoint``: torchtitan's mode; None: the one that runs the chosen
-    candidate's own (``Job.activation_checkpoint``, whose recompute its costs include)."""
+    candidate's own (``Job.ac``, whose recompute its costs include)."""
     from pp_opt.schedule_io import schedule_from_dict
 
     titan.release(torchtitan)
@@ -137,7 +137,7 @@ def plan_training(
             f"the best plan without offload or recompute: {chosen.candidate.label()}, "
             f"{chosen.step_time:.1f} ms (+{extra:.1f} ms); the torchtitan settings are for it"
         )  # fmt: skip
-    modelled = titan.JOB_MODES[chosen.candidate.job.activation_checkpoint]
+    modelled = titan.JOB_MODES[chosen.candidate.job.ac]
     if activation_checkpoint is None:
         activation_checkpoint = modelled
     elif activation_checkpoint != modelled:

@@ -15,7 +15,7 @@ from typing import Any
 from pp_opt.arguments import check_profile, flag, integer, of_type, optional
 from pp_opt.compat import renamed
 from pp_opt.errors import ProblemError
-from pp_opt.job import Job
+from pp_opt.job import FIELDS, RENAMED, Job
 from pp_opt.problem import Problem
 from pp_opt.problem_io import problem_from_costs
 from pp_opt.profiler.analytic import profile_analytic
@@ -75,13 +75,9 @@ def profile_job(
 
 def profile_of(
     *, model: str | Path | ModelCard, hardware: str | Path | HardwareCard | None = None,
-    pp: int, v: int = 1, placement: str = "loop", microbatches: int, mbs: int = 1,
-    seq: int | None = None, tp: int = 1, layers: list[int] | None = None, measure: bool = False,
-    recompute: str = "none", bytes_per_param: float = 16.0, repeats: int = 10, warmup: int = 2,
+    seq: int | None = None, measure: bool = False, repeats: int = 10, warmup: int = 2,
     threads: int | None = None, vpp: int | None = None, concurrent: bool = False,
-    tp_comm: bool = True, dp_shard: int = 1, dp_replicate: int = 1, cp: int = 1,
-    fp8: bool = False, compile: bool = False, async_tp: bool = False,
-    full_layers: list[int] | None = None,
+    **fields: Any,
 ) -> CostProfile:  # fmt: skip
     """Profile one configuration given by its fields and return its :class:`CostProfile`.
 
@@ -91,24 +87,12 @@ def profile_of(
         Card paths, bundled card names (``"llama2-7b"``, ``"a100-80gb"``) or loaded cards.
         ``hardware`` may be left out only to measure on a machine without CUDA: the ``cpu``
         card then gives the cap, the links and the copy bandwidth.
-    pp, v, placement
-        Pipeline size, chunks per device and ``loop``/``v`` placement (the ``v`` placement
-        implies ``v = 2``).
-    microbatches, mbs, seq
-        Microbatches per iteration, sequences per microbatch, sequence length (card default).
-    tp
-        Tensor-parallel degree; sequence parallelism is assumed (all activations split).
-    layers
-        Decoder layers per stage when they do not split evenly (``pp * v`` entries).
+    seq
+        Sequence length (the card's default when None).
     measure
         Run every stage with PyTorch on CUDA if present, else CPU, and time the actions the
         pipeline runtime executes (F, its I/W split, the fused B, offload copies) instead of
         using formulas. Static memory, caps and links stay analytic.
-    recompute
-        Activation checkpointing: ``none``, ``selective`` (attention core recomputed in B),
-        ``selective_op`` (torchtitan's op-level policy) or ``full`` (:mod:`.checkpointing`).
-    bytes_per_param
-        Static bytes per parameter (16: bf16 weights and grads, fp32 master and Adam moments).
     repeats, warmup
         Timed and untimed runs per measurement (``measure`` only); each cost is the median,
         kept with its interquartile range in ``profile.stages[s].timings``.
@@ -120,29 +104,31 @@ def profile_of(
         of a running pipeline is in the numbers (``measure`` only).
     vpp
         Former name of ``v`` (deprecated).
-    tp_comm
-        The tensor-parallel collectives are exposed: added to each layer's F and B when
-        ``tp > 1`` (the one cost model of ``profile``, ``solve --model`` and ``plan``).
-    dp_shard, dp_replicate, cp, fp8, compile, async_tp, full_layers
-        FSDP shard and replica degrees, context parallelism, Float8 linears, torch.compile,
-        AsyncTP, and per stage the fully checkpointed layers (:class:`pp_opt.job.Job`).
-        With ``dp_shard > 1`` the static bytes come from FSDP's sharding, not
-        ``bytes_per_param``.
+    **fields
+        The :class:`~pp_opt.job.Job`'s fields: ``pp`` and ``microbatches`` (required),
+        ``v``, ``placement``, ``mbs``, ``tp``, ``layers``, ``ac`` (activation checkpointing;
+        ``recompute`` is its former name), ``bytes_per_param``, ``tp_comm``, ``dp_shard``,
+        ``dp_replicate``, ``cp``, ``fp8``, ``compile``, ``async_tp``, ``full_layers``,
+        ``ep``, ``etp``, ``dispatcher``, ... (each left out takes the Job's default).
     """
-    v = renamed("vpp", None if vpp is None else integer("vpp", vpp, low=1), "v", v)
-    check_profile(measure=measure, layers=layers)
+    fields = {RENAMED.get(k, k): v for k, v in fields.items() if v is not None}
+    unknown = sorted(set(fields) - set(FIELDS))
+    if unknown:
+        raise ProblemError(unknown[0], f"not a job field; use one of {', '.join(FIELDS)}")
+    for name in ("pp", "microbatches"):
+        if name not in fields:
+            raise ProblemError(name, "missing; give the pipeline size and the microbatches")
+    fields["v"] = renamed("vpp", None if vpp is None else integer("vpp", vpp, low=1), "v",
+                          fields.get("v", 1))  # fmt: skip
+    check_profile(measure=measure, layers=fields.get("layers"))
     integer("repeats", repeats, low=1, high=100_000)
     integer("warmup", warmup, low=0, high=100_000)
     if threads is not None:
         integer("threads", threads, low=1, high=1024)
     card = load_model_card(model)
-    job = Job(
-        pp=pp, v=v, placement=placement, microbatches=microbatches, mbs=mbs,
-        seq=card.seq if seq is None else seq, tp=tp, layers=tuple(layers or ()),
-        activation_checkpoint=recompute, bytes_per_param=bytes_per_param, tp_comm=tp_comm,
-        dp_shard=dp_shard, dp_replicate=dp_replicate, cp=cp, fp8=fp8, compile=compile,
-        async_tp=async_tp, full_layers=tuple(full_layers or ()),
-    )  # fmt: skip
+    for name in ("layers", "full_layers"):
+        fields[name] = tuple(fields.get(name) or ())
+    job = Job(seq=card.seq if seq is None else seq, **fields)
     measuring = dict(repeats=repeats, warmup=warmup, threads=threads, concurrent=concurrent)
     return profile_job(job, model=card, hardware=hardware, measure=measure, **measuring)
 
@@ -153,31 +139,15 @@ def profile_costs(**options: Any) -> dict[str, Any]:
     return profile_of(**options).to_dict()
 
 
-def profile_problem(
-    *,
-    model: str | Path | ModelCard,
-    hardware: str | Path | HardwareCard | None = None,
-    pp: int,
-    v: int = 1,
-    placement: str = "loop",
-    microbatches: int,
-    mbs: int = 1,
-    seq: int | None = None,
-    tp: int = 1,
-    layers: list[int] | None = None,
-    measure: bool = False,
-    vpp: int | None = None,
-    **options: Any,
-) -> Problem:
+def profile_problem(**options: Any) -> Problem:
     """Profile one layout and return the Problem to solve.
 
     Parameters
     ----------
-    model, hardware, pp, v, placement, microbatches, mbs, seq, tp, layers, measure
-        As in :func:`profile_of`; ``vpp`` is the former name of ``v`` (deprecated).
     **options
-        The other keywords of :func:`profile_of` (``recompute``, ``bytes_per_param``,
-        ``repeats``, ``warmup``, ``threads``).
+        The keywords of :func:`profile_of`: the cards, the job's fields (``pp``,
+        ``microbatches``, ``v``, ``placement``, ``tp``, ``layers``, ``ac``, ...) and the
+        measuring options.
 
     Returns
     -------
@@ -185,13 +155,7 @@ def profile_problem(
         The problem the cost profile describes (unit ``bytes``), its provenance in
         ``extra["profile"]``.
     """
-    v = renamed("vpp", None if vpp is None else integer("vpp", vpp, low=1), "v", v)
-    profile = profile_of(
-        model=model, hardware=hardware, pp=pp, v=v, placement=placement,
-        microbatches=microbatches, mbs=mbs, seq=seq, tp=tp, layers=layers, measure=measure,
-        **options,
-    )  # fmt: skip
-    return problem_from_profile(profile)
+    return problem_from_profile(profile_of(**options))
 
 
 def _default_hardware(

@@ -341,7 +341,7 @@ def _check_measurable(layout: Job, *, repeats: int, warmup: int) -> None:
     """What a measured profile can time: a whole layer on one GPU, no recompute."""
     if layout.tp != 1:
         raise ProblemError("tp", "measured profiles time a whole layer on one GPU; use tp = 1")
-    if layout.activation_checkpoint != "none":
+    if layout.ac != "none":
         raise ProblemError(
             "recompute", "measured profiles do not recompute; use recompute = 'none'"
         )
