@@ -164,6 +164,52 @@ def write_card(hw: HardwareCard) -> Path:
     return path
 
 
+MOE_ROWS = Path(__file__).resolve().parent / "published" / "moe_rows.json"
+"""Published Mixture-of-Experts runs (Megatron-MoE-ModelZoo, NeMo AutoModel, Megatron-Bridge)."""
+
+
+def moe_results() -> list[dict[str, Any]]:
+    """Each MoE row predicted with the keywords it gives ``pp-opt predict``."""
+    data = json.loads(MOE_ROWS.read_text())
+    out = []
+    for row in data["rows"]:
+        got = predict(**row["predict"])
+        tps = got.tokens_per_s_per_gpu or 0.0
+        ratio = tps / row["measured"]["tps_per_gpu"]
+        accepted = got.step_time is not None
+        ok = accepted if row.get("accepted_only") else abs(ratio - 1) <= data["tolerance"]
+        out.append({"id": row["id"], "source": row["source"], "predict": row["predict"],
+                    "measured_tps": row["measured"]["tps_per_gpu"], "predicted_tps": tps,
+                    "tps_ratio": ratio, "step_time_ms": got.step_time, "status": got.status,
+                    "peak_gib": [x / GIB for x in got.peak_memory], "ok": ok,
+                    "command": predict_command(row["predict"])})  # fmt: skip
+    return out
+
+
+def predict_command(args: dict[str, Any]) -> str:
+    """The ``pp-opt predict`` command of a row's keywords."""
+    words = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            words.append(flag)
+        elif value is False and key == "mtp":
+            words.append("--no-mtp")
+        elif isinstance(value, list):
+            words.append(f"{flag} {','.join(map(str, value))}")
+        else:
+            words.append(f"{flag} {value}")
+    return "pp-opt predict " + " ".join(words)
+
+
+def moe_table(results: list[dict[str, Any]]) -> str:
+    lines = [f"{'MoE row':34} {'TPS meas':>8} {'pred':>7} {'ratio':>6} {'ok':>3}"]
+    for r in results:
+        lines.append(f"{r['id']:34} {r['measured_tps']:8} {r['predicted_tps']:7.0f} "
+                     f"{r['tps_ratio']:6.3f} {'yes' if r['ok'] else 'no':>3}")  # fmt: skip
+    return "\n".join(lines)
+
+
 def table(results: list[dict[str, Any]]) -> str:
     head = (f"{'row':32} {'schedule':15} {'m':>2} {'v':>2} {'TPS meas':>8} {'pred':>7} "
             f"{'ratio':>6} {'GiB meas':>8} {'pred':>6} {'ratio':>6}")  # fmt: skip
@@ -194,8 +240,12 @@ def main(argv: list[str] | None = None) -> None:
     print(table(results))
     for key, value in verdict.items():
         print(f"{key}: {value}")
+    moe = [] if args.rows else moe_results()
+    if moe:
+        print(moe_table(moe))
     if args.json:
-        args.json.write_text(json.dumps({"rows": results, "checks": verdict}, indent=1) + "\n")
+        payload = {"rows": results, "checks": verdict, "moe_rows": moe}
+        args.json.write_text(json.dumps(payload, indent=1) + "\n")
         print(f"wrote {args.json}")
 
 

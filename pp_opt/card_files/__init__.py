@@ -27,7 +27,7 @@ class CardInfo:
 
     name: str
     kind: str
-    """``model`` or ``hardware``."""
+    """``model``, ``hardware`` or ``stack`` (``stack-<name>.toml``)."""
     description: str
 
 
@@ -61,6 +61,7 @@ def card_infos() -> list[CardInfo]:
     for name in card_names():
         text = card_text(name) or ""
         kind = "hardware" if "peak_tflops" in tomllib.loads(text) else "model"
+        kind = "stack" if name.startswith("stack-") else kind
         infos.append(CardInfo(name=name, kind=kind, description=describe(text)))
     return sorted(infos, key=lambda c: (c.kind != "model", c.name))
 

@@ -38,6 +38,9 @@ from pp_opt.profiler.job_costs import (
     sharded_bytes_per_param,
 )
 from pp_opt.profiler.kernels import elementwise_bytes
+from pp_opt.profiler.moe import layer_unit as moe_layer_unit
+from pp_opt.profiler.moe import mtp_costs, uses_layer_model
+from pp_opt.profiler.stacks import StackCard, load_stack_card
 from pp_opt.profiler.layer_split import stage_total
 
 log = logging.getLogger(__name__)
@@ -56,7 +59,7 @@ LOSS_PASSES = 4.0
 
 def layer_shape(card: ModelCard, job: Job, **over: object) -> LayerShape:
     """The formula shape of one of ``job``'s layers (the full sequence; see ``cp``)."""
-    mode = job.activation_checkpoint if job.activation_checkpoint in FORMULA_MODES else "none"
+    mode = job.ac if job.ac in FORMULA_MODES else "none"
     return LayerShape.of(card, s=job.seq, b=job.mbs, tp=job.tp, recompute=mode, **over)
 
 
@@ -164,19 +167,49 @@ class UnitCosts:
     full_layer: dict[str, float] | None = None
     """One fully checkpointed layer, for stages that checkpoint some layers in full
     (None: the job has no such stage)."""
+    dense_layer: dict[str, float] | None = None
+    """One of an MoE model's first, dense layers (None: every layer is ``layer``)."""
 
     def parts(self) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
         return self.layer, self.embedding, self.head
 
 
 def job_bytes_per_param(job: Job) -> float:
-    """The job's static bytes per parameter: FSDP's sharded state, its own, else from its
-    optimizer sharding."""
+    """The job's static bytes per parameter: FSDP's sharded state, its own, Megatron-Core's
+    distributed optimizer (a ``distributed`` stack), else from its optimizer sharding."""
+    stack = load_stack_card(job.stack)
+    if stack.optimizer == "distributed" and job.bytes_per_param is None:
+        return distributed_bytes_per_param(stack, job.dp * job.cp)
     if job.fsdp:
-        return sharded_bytes_per_param(job)
+        return sharded_bytes_per_param(job) * fsdp_state_bytes(stack) / 16.0
     if job.bytes_per_param is not None:
         return float(job.bytes_per_param)
     return bytes_per_param(dp=job.dp, optimizer_sharding=job.optimizer_sharding)
+
+
+def distributed_bytes_per_param(stack: StackCard, ranks: int) -> float:
+    """Megatron-Core's distributed optimizer: bf16 weights and the gradient buffer whole, the
+    master weights and moments over ``ranks``."""
+    return 2.0 + stack.main_grad_bytes + (stack.master_bytes + stack.moment_bytes) / ranks
+
+
+def fsdp_state_bytes(stack: StackCard) -> float:
+    """FSDP's sharded bytes per parameter: master weight, gradient and moments (16 in fp32,
+    torchtitan's; AutoModel's bf16 weights keep bf16 gradients and moments)."""
+    return stack.master_bytes + stack.main_grad_bytes + stack.moment_bytes
+
+
+def expert_bytes_per_param(job: Job) -> float:
+    """Static bytes per routed-expert parameter: the state over the expert data-parallel
+    ranks (``edp``) instead of the data-parallel ones."""
+    stack = load_stack_card(job.stack)
+    if job.bytes_per_param is not None:
+        return float(job.bytes_per_param)
+    if stack.optimizer == "distributed":
+        return distributed_bytes_per_param(stack, job.edp)
+    if job.fsdp:
+        return fsdp_state_bytes(stack) / job.edp
+    return bytes_per_param(dp=job.edp, optimizer_sharding=job.optimizer_sharding)
 
 
 def unit_costs(card: ModelCard, hw: HardwareCard, job: Job) -> UnitCosts:
@@ -186,12 +219,14 @@ def unit_costs(card: ModelCard, hw: HardwareCard, job: Job) -> UnitCosts:
     ``tp > 1`` and the job exposes them (``job.tp_comm``); the job's checkpointing, Float8,
     compile, AsyncTP and context parallelism as :func:`job_costs.layer_unit` applies them.
     """
+    if uses_layer_model(card):
+        return _layer_model_units(card, hw, job)
     shape = layer_shape(card, job)
     elementwise, comm = elementwise_ms(shape, hw), tp_comm_ms(card, hw, job)
-    layer = layer_unit(card, hw, job, mode=job.activation_checkpoint, elementwise=elementwise,
+    layer = layer_unit(card, hw, job, mode=job.ac, elementwise=elementwise,
                        tp_comm=comm)  # fmt: skip
     full = None
-    if any(job.full_layers) and job.activation_checkpoint != "full":
+    if any(job.full_layers) and job.ac != "full":
         full = layer_unit(card, hw, job, mode="full", elementwise=elementwise, tp_comm=comm)
         full["params"] = layer_params(card) / job.tp
     layer["params"] = layer_params(card) / job.tp
@@ -204,23 +239,52 @@ def unit_costs(card: ModelCard, hw: HardwareCard, job: Job) -> UnitCosts:
                      m_in_first=8.0 * job.seq * job.mbs / job.cp, full_layer=full)  # fmt: skip
 
 
+def _layer_model_units(card: ModelCard, hw: HardwareCard, job: Job) -> UnitCosts:
+    """:func:`unit_costs` of an MoE, MLA or windowed model (:mod:`moe`'s layers; the first
+    ``dense_layers`` dense), the multi-token-prediction modules with the output layer."""
+    if any(job.full_layers):
+        raise ProblemError("full_layers", f"{card.name}: per-stage full layers are for dense "
+                           "decoders; use --ac full or modules:...")  # fmt: skip
+    layer = moe_layer_unit(card, hw, job, moe=card.moe)
+    dense = moe_layer_unit(card, hw, job, moe=False) if card.moe and card.dense_layers else None
+    embedding = _per_cp(embedding_costs(card, job, hw), job)
+    embedding["params"] = embedding_params(card) / job.tp
+    head = _per_cp(head_costs(card, job, hw), job)
+    head["params"] = head_params(card) / job.tp
+    for key, value in mtp_costs(card, hw, job, layer, head).items():
+        head[key] = head.get(key, 0.0) + value
+    stage_input = card.dtype_bytes * job.seq * job.mbs * card.hidden / job.tp / job.cp
+    return UnitCosts(layer=layer, embedding=embedding, head=head, m_in=stage_input,
+                     m_in_first=8.0 * job.seq * job.mbs / job.cp, dense_layer=dense)  # fmt: skip
+
+
 def _per_cp(costs: dict[str, float], job: Job) -> dict[str, float]:
     return {key: value / job.cp if key in CP_SCALED else value for key, value in costs.items()}
 
 
+STAGE_KEYS = ("t_f", "t_b", "t_w", "m_b", "m_w", "params", "expert_params", "t_f_comm",
+              "t_b_comm")  # fmt: skip
+"""The per-layer costs a stage adds up."""
+
+
 def stage_costs(card: ModelCard, hw: HardwareCard, job: Job) -> list[StageCost]:
-    """Per-stage costs of ``job`` (its layers split): ``layers x`` :func:`unit_costs`' layer,
-    plus the embedding on the first stage and the output layer on the last."""
+    """Per-stage costs of ``job`` (its layers split): ``layers x`` :func:`unit_costs`' layer
+    (an MoE model's first layers its dense layer), plus the embedding on the first stage and
+    the output layer on the last."""
     units = unit_costs(card, hw, job)
-    keys = ("t_f", "t_b", "t_w", "m_b", "m_w", "params")
-    layer, embedding, head = ([part[k] for k in keys] for part in units.parts())
-    full = [units.full_layer[k] for k in keys] if units.full_layer else layer
-    last = job.stages - 1
+    layer, embedding, head = ([part.get(k, 0.0) for k in STAGE_KEYS] for part in units.parts())
+    full = [units.full_layer.get(k, 0.0) for k in STAGE_KEYS] if units.full_layer else layer
+    dense = [units.dense_layer.get(k, 0.0) for k in STAGE_KEYS] if units.dense_layer else layer
+    last, start = job.stages - 1, 0
     out = []
     for s, (d, n) in enumerate(zip(job.stage_devices, job.layers, strict=True)):
         n_full = job.stage_full_layers(s) if units.full_layer else 0
-        part = stage_total(n - n_full, layer, embedding, head, first=s == 0, last=s == last)
-        total = {k: a + n_full * b for k, a, b in zip(keys, part, full, strict=True)}
+        n_dense = max(0, min(start + n, card.dense_layers) - start) if units.dense_layer else 0
+        start += n
+        part = stage_total(n - n_full - n_dense, layer, embedding, head, first=s == 0,
+                           last=s == last)  # fmt: skip
+        total = {k: a + n_full * b + n_dense * c
+                 for k, a, b, c in zip(STAGE_KEYS, part, full, dense, strict=True)}  # fmt: skip
         m_in = units.m_in_first if s == 0 else units.m_in  # the first stage keeps token ids
         out.append(StageCost(device=d, layers=n, embedding=s == 0, head=s == last,
                              m_in=min(m_in, total["m_b"]), **total))  # fmt: skip
@@ -247,7 +311,8 @@ def static_bytes(
     weights, gradients and optimizer state, FSDP's unsharded copies, re-run transients,
     receive buffers); fails when they alone overflow."""
     transients = stage_transients(unit_costs(card, hw, job), job)
-    static = device_fixed_bytes(card, job, stages, transients, job_bytes_per_param(job))
+    static = device_fixed_bytes(card, job, stages, transients, job_bytes_per_param(job),
+                                expert_per_param=expert_bytes_per_param(job))  # fmt: skip
     cap = hw.cap_bytes
     worst = max(range(job.pp), key=lambda d: static[d])
     if static[worst] > cap:

@@ -30,6 +30,12 @@ GIB = 1024**3
 GB = 1e9
 
 
+MOE_FIELDS = ("experts", "top_k", "shared_experts", "moe_ffn", "dense_layers", "node_limit")
+"""A model card's Mixture-of-Experts keys."""
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+"""A model card's multi-head latent attention keys."""
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class ModelCard:
     """Shape of a transformer decoder: enough to count its FLOPs, bytes and parameters."""
@@ -64,17 +70,50 @@ class ModelCard:
     """Linear layers carry biases."""
     position: str = "learned"
     """``learned`` position embeddings (``s x h`` table) or ``rope`` (no parameters)."""
+    head_dim: int = 0
+    """Width of one attention head; 0 means ``hidden / heads`` (Qwen3 and GPT-OSS differ)."""
+    experts: int = 0
+    """Routed experts of each MoE layer; 0: a dense model (every field below unused)."""
+    top_k: int = 0
+    """Routed experts each token goes to."""
+    shared_experts: int = 0
+    """Experts every token goes to besides the routed ones (DeepSeek's shared expert)."""
+    moe_ffn: int = 0
+    """Inner size of one routed (and one shared) expert's SwiGLU MLP."""
+    dense_layers: int = 0
+    """The first layers whose MLP is dense (``ffn`` wide; DeepSeek's ``first_k_dense_replace``)."""
+    node_limit: int = 0
+    """Nodes a token's routed experts may span (DeepSeek's ``topk_group``); 0: no limit."""
+    q_lora_rank: int = 0
+    """Multi-head latent attention (MLA): the query's compressed width (0: no compression)."""
+    kv_lora_rank: int = 0
+    """MLA: the keys' and values' compressed width; 0: not MLA."""
+    qk_nope_head_dim: int = 0
+    """MLA: per-head query/key width without rotary positions."""
+    qk_rope_head_dim: int = 0
+    """MLA: per-head query/key width with rotary positions (the key's part is shared)."""
+    v_head_dim: int = 0
+    """MLA: per-head value width."""
+    mtp_layers: int = 0
+    """Multi-token prediction modules after the last layer (one layer each, on the last stage)."""
+    sliding_window: int = 0
+    """Tokens a sliding-window attention layer sees; 0: every layer attends in full."""
+    window_every: int = 0
+    """Every this many layers one attends in full, the others in the window (GPT-OSS: 2)."""
+    attention_sinks: bool = False
+    """A learned sink logit per head (GPT-OSS): parameters and FLOPs too small to count."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
             raise ProblemError("model.name", f"got {self.name!r}; expected a string")
+        self._check_moe()
         if not isinstance(self.bias, bool):
             raise ProblemError("model.bias", f"got {self.bias!r}; expected true or false")
         for key in ("layers", "hidden", "heads", "vocab", "seq"):
             integer(f"model.{key}", getattr(self, key), low=1, high=_MAX_INT)
         for key in ("kv_heads", "ffn"):
             integer(f"model.{key}", getattr(self, key), low=0)
-        if self.hidden % self.heads:
+        if self.hidden % self.heads and not self.head_dim and not self.mla:
             raise ProblemError("model.heads", f"{self.heads} does not divide hidden {self.hidden}")
         if self.heads % self.num_kv_heads:
             raise ProblemError(
@@ -92,6 +131,52 @@ class ModelCard:
         ):
             raise ProblemError("model.dropout", f"got {self.dropout!r}; expected 0 <= dropout < 1")
 
+    def _check_moe(self) -> None:
+        """An MoE card names every MoE field; an MLA card every MLA width."""
+        for key in MOE_FIELDS + MLA_FIELDS + ("head_dim", "mtp_layers", "sliding_window",
+                                              "window_every"):  # fmt: skip
+            integer(f"model.{key}", getattr(self, key), low=0, high=_MAX_INT)
+        if not isinstance(self.attention_sinks, bool):
+            raise ProblemError("model.attention_sinks", "expected true or false")
+        if self.experts:
+            for key in ("top_k", "moe_ffn"):
+                if not getattr(self, key):
+                    raise ProblemError(f"model.{key}", "missing; an MoE card (experts > 0) needs it")
+            if self.top_k > self.experts:
+                raise ProblemError("model.top_k", f"{self.top_k} above the {self.experts} experts")
+            if self.dense_layers > self.layers:
+                raise ProblemError("model.dense_layers", f"above the {self.layers} layers")
+        elif any(getattr(self, key) for key in MOE_FIELDS[1:]):
+            raise ProblemError("model.experts", "missing; MoE fields need the routed experts")
+        if self.kv_lora_rank:
+            for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+                if not getattr(self, key):
+                    raise ProblemError(f"model.{key}", "missing; an MLA card (kv_lora_rank) needs it")
+
+    @property
+    def moe(self) -> bool:
+        """Mixture-of-Experts layers (routed experts)."""
+        return self.experts > 0
+
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3, Kimi K2)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def moe_layers(self) -> int:
+        """Decoder layers with an MoE MLP."""
+        return self.layers - self.dense_layers if self.moe else 0
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Layer ``index`` (0-based) has an MoE MLP."""
+        return self.moe and index >= self.dense_layers
+
+    @property
+    def attn_head_dim(self) -> int:
+        """Width of one (non-MLA) attention head."""
+        return self.head_dim or self.hidden // self.heads
+
     @property
     def num_kv_heads(self) -> int:
         return self.kv_heads or self.heads
@@ -102,8 +187,8 @@ class ModelCard:
 
     @property
     def kv_hidden(self) -> int:
-        """Width of the key (or value) projection: ``kv_heads * h / heads``."""
-        return self.num_kv_heads * (self.hidden // self.heads)
+        """Width of the key (or value) projection: ``kv_heads * head_dim``."""
+        return self.num_kv_heads * self.attn_head_dim
 
     @property
     def dtype_bytes(self) -> int:
@@ -283,7 +368,7 @@ def load_hardware_card(where: str | Path | HardwareCard) -> HardwareCard:
 
 def bundled_cards() -> dict[str, list[str]]:
     """Names of the bundled model and hardware cards (hardware cards have ``peak_tflops``)."""
-    out: dict[str, list[str]] = {"model": [], "hardware": []}
+    out: dict[str, list[str]] = {"model": [], "hardware": [], "stack": []}
     for info in card_infos():
         out[info.kind].append(info.name)
     return out

@@ -43,6 +43,14 @@ class StageCost:
     m_in: float = 0.0
     params: float = 0.0
     """Parameters on this GPU (already divided by the tensor-parallel degree)."""
+    expert_params: float = 0.0
+    """The routed experts' share of ``params`` (divided by ``ep x etp``): their state is
+    sharded over the expert data-parallel ranks, not the data-parallel ones."""
+    t_f_comm: float = 0.0
+    """The communication in ``t_f`` (all-to-all, TP and CP collectives) an overlapped pair
+    can hide behind the other half's compute."""
+    t_b_comm: float = 0.0
+    """The communication in ``t_b``."""
     embedding: bool = False
     head: bool = False
     t_bw: float | None = None
@@ -148,6 +156,9 @@ class CostProfile:
         for st in self.stages:
             det: dict[str, Any] = {"layers": st.layers, "embedding": st.embedding,
                                    "head": st.head, "params": st.params}  # fmt: skip
+            for key in ("expert_params", "t_f_comm", "t_b_comm"):
+                if getattr(st, key):
+                    det[key] = getattr(st, key)
             if st.timings is not None:
                 det["timings"] = st.timings
             details.append(det)

@@ -39,6 +39,7 @@ from pp_opt.profiler.formulas import (
     linear_flops,
 )
 from pp_opt.profiler.fsdp import sharded_state_bytes, unsharded_bytes
+from pp_opt.profiler.stacks import load_stack_card
 from pp_opt.profiler.kernels import (
     elementwise_bytes,
     fp8_cast_bytes,
@@ -136,12 +137,13 @@ def context_parallel_unit(
 
 def device_fixed_bytes(
     card: ModelCard, job: Job, stages: Sequence[StageCost], transients: Sequence[float],
-    per_param: float,
+    per_param: float, *, expert_per_param: float | None = None,
 ) -> list[float]:  # fmt: skip
     """Per device, what it holds beside its activations (bytes):
 
     * weights, gradients and optimizer state: ``per_param`` bytes per parameter (FSDP:
-      :func:`fsdp.sharded_state_bytes`, ``16 / dp_shard``);
+      :func:`fsdp.sharded_state_bytes`, ``16 / dp_shard``), ``expert_per_param`` per routed
+      expert parameter (sharded over the expert data-parallel ranks);
     * FSDP: the unsharded parameters (bf16, or FP8 with FP8 all-gather) of every stage under
       a pipeline, whose stages keep them from their first forward to their last backward,
       and the fp32 gradients they accumulate (all counted: a bound, the schedule's peak
@@ -161,9 +163,13 @@ def device_fixed_bytes(
     last = len(stages) - 1
     for s, st in enumerate(stages):
         d = st.device
-        fixed[d] += st.params * per_param
-        if job.fsdp and job.pp > 1:
-            fixed[d] += unsharded_bytes(st.params, param_bytes=1.0 if job.fp8_all_gather else 2.0)
+        experts = st.expert_params
+        fixed[d] += (st.params - experts) * per_param + experts * (
+            per_param if expert_per_param is None else expert_per_param
+        )
+        gathered = st.params - (experts if job.edp == 1 else 0.0)  # experts not sharded stay
+        if _holds_unsharded(job):
+            fixed[d] += unsharded_bytes(gathered, param_bytes=1.0 if job.fp8_all_gather else 2.0)
         if job.fsdp and job.pp > 1:  # torchtitan's runtime: FSDP2 on torch.distributed.pipelining
             fixed[d] += m * message * ((s > 0) + (s < last))
             if s == last:
@@ -171,18 +177,24 @@ def device_fixed_bytes(
     for d in range(job.pp):
         fixed[d] += max((x for st, x in zip(stages, transients, strict=True) if st.device == d),
                         default=0.0)  # fmt: skip
-    if job.fsdp and job.pp == 1:
+    if job.fsdp and not _holds_unsharded(job):
         root = (embedding_params(card) + head_params(card)) / t
         fixed[0] += unsharded_bytes(2 * layer_params(card) / t + root, with_grads=False)
     return fixed
 
 
+def _holds_unsharded(job: Job) -> bool:
+    """A pipelined FSDP job whose stack keeps gathered weights across the step."""
+    return job.fsdp and job.pp > 1 and load_stack_card(job.stack).fsdp_holds_unsharded
+
+
 def held_gradient_bytes(job: Job, stage: StageCost) -> float:
     """fp32 unsharded gradients a pipelined FSDP stage holds from its first backward to its
     last (FSDP2 accumulates them in the reduce dtype while gradient sync is off; 0 otherwise)."""
-    if not (job.fsdp and job.pp > 1):
+    if not _holds_unsharded(job):
         return 0.0
-    return unsharded_bytes(stage.params, param_bytes=0.0)
+    gathered = stage.params - (stage.expert_params if job.edp == 1 else 0.0)
+    return unsharded_bytes(gathered, param_bytes=0.0)
 
 
 def sharded_bytes_per_param(job: Job) -> float:

@@ -69,7 +69,26 @@ def job_for_card(card: ModelCard, job: Job) -> Job:
     if card.heads % job.tp or card.num_kv_heads % job.tp:
         ok = list(_divisors(card.num_kv_heads))
         raise ProblemError("tp", f"{job.tp} does not divide the heads; use one of {ok}")
+    check_experts(card, job)
     return job.with_layers(split_layers(card, job.stages, job.layers))
+
+
+def check_experts(card: ModelCard, job: Job) -> None:
+    """The job's expert parallelism fits the card: ``ep`` divides the routed experts, and a
+    dense model has none."""
+    if not card.moe:
+        for name in ("ep", "etp"):
+            if getattr(job, name) > 1:
+                raise ProblemError(name, f"{card.name} is a dense model (no experts); use {name} 1")
+        return
+    if card.experts % job.ep:
+        ok = [d for d in _divisors(card.experts) if (job.dp * job.cp * job.tp) % (d * job.etp) == 0]
+        raise ProblemError(
+            "ep", f"{job.ep} does not divide the {card.experts} experts of {card.name}; use one "
+            f"of {ok}",
+        )  # fmt: skip
+    if card.moe_ffn % job.etp:
+        raise ProblemError("etp", f"{job.etp} does not divide the expert width {card.moe_ffn}")
 
 
 def stage_total(

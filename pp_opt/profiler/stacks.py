@@ -1,0 +1,127 @@
+"""Stack cards: what a training framework adds to the hardware.
+
+A stack (``torchtitan``, ``megatron-core``, ``automodel``) runs the same model on the same
+GPUs with its own kernels, token dispatchers, optimizer layout and memory report. Its card
+(``models/stack-<name>.toml``, or a path) says so, each number with its source; a fitted
+constant is marked FITTED with the published rows it came from. The job names its stack
+(``Job.stack``); the profiler reads the card here.
+"""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from pp_opt.card_files import card_names, card_text
+from pp_opt.errors import ProblemError
+from pp_opt.job import DISPATCHERS
+
+PREFIX = "stack-"
+"""Bundled stack cards are ``models/stack-<name>.toml``."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class StackCard:
+    """A training framework's kernels, dispatchers, optimizer state and memory report."""
+
+    name: str
+    """The stack's name (``torchtitan``)."""
+    gemm_scale: float = 1.0
+    """The stack's GEMM rate over the hardware card's (its kernels on that card)."""
+    grouped_gemm_half_tokens: float = 128.0
+    """Tokens per local expert at which a grouped expert GEMM runs at half the dense rate."""
+    dispatcher: str = "alltoall"
+    """The token dispatcher a job gets by default (:data:`pp_opt.job.DISPATCHERS`)."""
+    alltoall_efficiency: float = 0.6
+    """Fraction of the link bandwidth NCCL's all-to-all dispatch reaches."""
+    deepep_efficiency: float = 0.8
+    """Fraction of the link bandwidth DeepEP's kernels reach."""
+    hybridep_efficiency: float = 0.8
+    """Fraction of the link bandwidth HybridEP's kernels reach."""
+    allgather_efficiency: float = 0.8
+    """Fraction of the link bandwidth the all-gather dispatcher's collectives reach."""
+    dispatch_latency_us: float = 30.0
+    """Fixed cost of one dispatch or combine (kernel launch, synchronisation)."""
+    optimizer: str = "fsdp"
+    """``fsdp``: the job's FSDP layout (``dp_shard``) shards the state; ``distributed``:
+    Megatron-Core's distributed optimizer shards master weights and moments over the
+    data-parallel ranks (experts over the expert data-parallel ones), bf16 weights and
+    ``main_grad_bytes`` gradients stay whole."""
+    main_grad_bytes: float = 4.0
+    """Bytes per gradient the distributed optimizer's buffer keeps (fp32: 4)."""
+    master_bytes: float = 4.0
+    """Bytes per master weight (fp32: 4)."""
+    moment_bytes: float = 8.0
+    """Bytes of Adam's two moments per parameter (fp32: 8; bf16 moments: 4)."""
+    fsdp_holds_unsharded: bool = True
+    """Under a pipeline, FSDP keeps each stage's gathered weights and fp32 gradients from
+    its first forward to its last backward (torchtitan); False: it reshards after each
+    layer, holding about two layers' worth (prefetch)."""
+    memory_report: str = "reserved"
+    """What its published memory means: ``reserved`` (torchtitan) or ``allocated``
+    (Megatron-Core, NeMo: ``max allocated``)."""
+    overlaps_pairs: bool = False
+    """It runs an overlapped F&B pair's halves at once (else in sequence)."""
+    pair_overhead: float = 0.0
+    """Compute added by sharing the GPU between a pair's halves (a fraction)."""
+    note: str = ""
+    """What the release does not do yet (printed with a plan for this stack)."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(f.default, float) and (
+                isinstance(value, bool) or not isinstance(value, int | float) or value < 0
+            ):
+                raise ProblemError(f"stack.{f.name}", f"got {value!r}; expected a number >= 0")
+        if self.dispatcher not in DISPATCHERS:
+            raise ProblemError("stack.dispatcher", f"use one of {', '.join(DISPATCHERS)}")
+        if self.optimizer not in ("fsdp", "distributed"):
+            raise ProblemError("stack.optimizer", "use fsdp or distributed")
+        if self.memory_report not in ("reserved", "allocated"):
+            raise ProblemError("stack.memory_report", "use reserved or allocated")
+        for key in ("overlaps_pairs", "fsdp_holds_unsharded"):
+            if not isinstance(getattr(self, key), bool):
+                raise ProblemError(f"stack.{key}", "expected true or false")
+
+    def dispatch_efficiency(self, dispatcher: str) -> float:
+        """Fraction of the link bandwidth ``dispatcher`` reaches on this stack."""
+        return float(getattr(self, f"{dispatcher}_efficiency"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def stack_names() -> list[str]:
+    """The bundled stacks."""
+    return [n.removeprefix(PREFIX) for n in card_names() if n.startswith(PREFIX)]
+
+
+@functools.lru_cache(maxsize=32)
+def load_stack_card(where: str) -> StackCard:
+    """A stack card by bundled name (``torchtitan``) or path; every key checked."""
+    if not isinstance(where, str):
+        raise ProblemError("stack", f"got {where!r}; give a stack name or a .toml path")
+    path = Path(where)
+    if where.endswith(".toml") and path.is_file():
+        text, name = path.read_text(encoding="utf-8"), path.stem.removeprefix(PREFIX)
+    else:
+        text = card_text(PREFIX + where) or ""
+        name = where
+        if not text:
+            raise ProblemError(
+                "stack", f"{where}: no such stack; use one of {', '.join(stack_names())} "
+                "or a .toml path",
+            )  # fmt: skip
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ProblemError("stack", f"{where}: not valid TOML ({err})") from None
+    allowed = [f.name for f in fields(StackCard)]
+    for key in data:
+        if key not in allowed:
+            raise ProblemError(f"stack.{key}", f"unknown key; allowed keys are {', '.join(allowed)}")
+    return StackCard(**{"name": name, **data})
