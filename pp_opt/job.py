@@ -97,7 +97,10 @@ class Job:
     pp: int = required("Pipeline-parallel degree (1: no pipeline).", low=1, core=True)
     """Pipeline devices ``p`` (each one tensor-parallel group of ``tp`` GPUs)."""
     microbatches: int = required(
-        "Microbatches per pipeline and step.", low=1, commands=("profile",), core=True,
+        "Microbatches per pipeline and step.",
+        low=1,
+        commands=("profile",),
+        core=True,
         short="-m",
     )
     """Microbatches per pipeline and iteration ``m``."""
@@ -319,8 +322,12 @@ class Job:
         """Every core field, and the others that differ from their defaults (files of jobs
         made before a field existed keep their bytes)."""
         out: dict[str, Any] = {}
+        auto = {"dp_replicate": self.dp // self.dp_shard,
+                "fp8_all_gather": self.fp8 and self.dp_shard > 1}  # fmt: skip
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name in auto and value == auto[f.name]:
+                continue  # what the field's own default resolves to
             if f.metadata["option"].core or value != f.default:
                 out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
@@ -328,7 +335,11 @@ class Job:
     @classmethod
     def from_dict(cls, data: dict[str, Any], **more: Any) -> Job:
         """Inverse of :meth:`fields_dict`; ``more`` overrides the file (fields it lacks)."""
-        values = {RENAMED.get(k, k): v for k, v in data.items() if RENAMED.get(k, k) in FIELDS}
+        values = {
+            RENAMED.get(k, k): v
+            for k, v in data.items()
+            if RENAMED.get(k, k) in FIELDS and not (k in RENAMED and "ac" in data)
+        }
         values.update(more)
         for name in ("layers", "full_layers"):
             if name in values:
@@ -409,5 +420,3 @@ def _check_field(name: str, value: Any, spec: JobOption) -> None:
     elif kind.startswith("tuple") and (isinstance(value, str | bytes)
                                        or not isinstance(value, tuple | list)):  # fmt: skip
         raise ProblemError(name, f"got {value!r:.60}; give a list of integers, one per stage")
-
-

@@ -15,14 +15,18 @@ from pp_opt.profiler.cards import (
 from pp_opt.profiler.formulas import embedding_params, head_params, layer_params
 
 MODELS = ["zb-1.5b", "zb-6.2b", "zb-14.6b", "zb-28.3b", "llama2-7b", "llama2-13b",
-          "llama2-70b", "llama3-8b", "llama3-70b", "llama3.1-405b"]  # fmt: skip
+          "llama2-70b", "llama3-8b", "llama3-70b", "llama3.1-405b", "deepseek-v3",
+          "deepseek-v3-debug", "kimi-k2", "qwen3-235b-a22b", "qwen3-30b-a3b",
+          "gpt-oss-120b"]  # fmt: skip
 HARDWARE = ["a100-80gb", "h100-80gb", "h100-96gb-500w", "h200", "cpu"]
+STACKS = ["torchtitan", "megatron-core", "automodel"]
 
 
 def test_bundled_cards_are_all_there_and_load() -> None:
     cards = bundled_cards()
     assert sorted(cards["model"]) == sorted(MODELS)
     assert sorted(cards["hardware"]) == sorted(HARDWARE)
+    assert sorted(cards["stack"]) == sorted(f"stack-{n}" for n in STACKS)
     for name in MODELS:
         assert load_model_card(name).name == name
     for name in HARDWARE:

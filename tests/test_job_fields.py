@@ -72,9 +72,7 @@ def test_the_derived_modules_name_no_setting() -> None:
                 named.add(node.id)
             elif isinstance(node, ast.Attribute):
                 named.add(node.attr)
-            elif isinstance(node, ast.keyword) and node.arg:
-                named.add(node.arg)
-            elif isinstance(node, ast.arg):
+            elif isinstance(node, ast.keyword) and node.arg or isinstance(node, ast.arg):
                 named.add(node.arg)
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 named.add(node.value)
@@ -95,8 +93,13 @@ def test_a_job_round_trips_through_its_files() -> None:
 
 @pytest.mark.parametrize(
     ("fields", "field"),
-    [(dict(ep=3), "ep"), (dict(ep=2, etp=4), "ep"), (dict(ac="modules:attention"), "ac"),
-     (dict(dispatcher="nccl"), "dispatcher"), (dict(expert_imbalance=0.5), "expert_imbalance")],
+    [
+        (dict(ep=3), "ep"),
+        (dict(ep=2, etp=4), "ep"),
+        (dict(ac="modules:attention"), "ac"),
+        (dict(dispatcher="nccl"), "dispatcher"),
+        (dict(expert_imbalance=0.5), "expert_imbalance"),
+    ],
 )
 def test_bad_expert_settings_name_their_field(fields: dict[str, object], field: str) -> None:
     with pytest.raises(ProblemError) as err:

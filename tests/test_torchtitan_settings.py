@@ -77,14 +77,14 @@ def test_refused_names_say_which_name_to_use() -> None:
 
 def test_selective_checkpointing_refuses_a_split_backward() -> None:
     with pytest.raises(ProblemError) as err:
-        _settings(split_backward=True, activation_checkpoint="selective")
+        _settings(split_backward=True, ac="selective")
     assert err.value.field == "torchtitan_activation_checkpoint"
     assert "--fused-backward" in str(err.value)
-    fused = _settings(activation_checkpoint="selective")
+    fused = _settings(ac="selective")
     assert fused["activation_checkpoint_value"] == "SelectiveAC.Config()"
     with pytest.raises(ProblemError):  # ZBVZeroBubble splits the backward itself
         _settings(v=2, placement="v", layers=[4] * 8, schedule_csv=None,
-                  schedule_name="ZBVZeroBubble", activation_checkpoint="selective")  # fmt: skip
+                  schedule_name="ZBVZeroBubble", ac="selective")  # fmt: skip
 
 
 def test_flags_and_config_file_set_the_same_fields() -> None:

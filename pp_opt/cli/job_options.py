@@ -26,7 +26,10 @@ def parse_values(name: str, text: str, spec: JobOption) -> tuple[Any, ...]:
     items = [x for x in text.replace(" ", "").split(",") if x] if name != "ac" else _modes(text)
     if not items:
         raise ProblemError(name, f"got {text!r}; give values separated by commas")
-    return tuple(_one(name, item, spec) for item in items)
+    try:
+        return tuple(_one(name, item, spec) for item in items)
+    except ProblemError as err:
+        raise ProblemError(name, f"got {text!r}; {err.message.partition('; ')[2]}") from None
 
 
 def _modes(text: str) -> list[str]:
@@ -64,8 +67,14 @@ def _one(name: str, item: str, spec: JobOption) -> Any:
     if name == "ac":
         return check_ac(item)
     if spec.choices and item not in spec.choices:
-        raise ProblemError(name, f"got {item!r}; give some of {', '.join(spec.choices)}")
+        raise ProblemError(name, f"got {item!r}; give {_alternatives(spec.choices)}")
     return item
+
+
+def _alternatives(choices: tuple[str, ...]) -> str:
+    """``loop, v or loop,v``: each choice, then all of them as a list."""
+    named = [c for c in choices if c]
+    return f"{', '.join(named)} or {','.join(named)}" if len(named) > 1 else named[0]
 
 
 def _parameter(name: str, spec: JobOption, command: str) -> inspect.Parameter:
@@ -73,8 +82,9 @@ def _parameter(name: str, spec: JobOption, command: str) -> inspect.Parameter:
     kind, flags = TYPES[name], [spec.flag(name), *([spec.short] if spec.short else [])]
     searched = command == "plan" and spec.plan == "values"
     annotation: Any
-    if kind.startswith("bool") and (DEFAULTS[name] is True or (spec.plan == "both"
-                                                               and command == "plan")):
+    if kind.startswith("bool") and (
+        DEFAULTS[name] is True or (spec.plan == "both" and command == "plan")
+    ):
         flags = [f"{spec.flag(name)}/--no-{spec.flag(name)[2:]}"]
         annotation, default = bool | None, typer.Option(None, *flags, help=spec.help)
     elif kind.startswith("bool"):
@@ -101,8 +111,11 @@ def with_job_options(command: str, *, skip: tuple[str, ...] = ()) -> Callable[..
         @functools.wraps(func)
         def run(*args: Any, **kwargs: Any) -> Any:
             given = {name: kwargs.pop(name) for name in specs if name in kwargs}
-            fields = {k: _value(k, v, specs[k], command) for k, v in given.items()
-                      if v is not None and (v is not False or _pinned_off(k, command))}
+            fields = {
+                k: _value(k, v, specs[k], command)
+                for k, v in given.items()
+                if v is not None and (v is not False or _pinned_off(k, command))
+            }
             return func(*args, **kwargs, **{JOB_FIELDS: fields})
 
         params = sorted(kept + added, key=lambda p: p.kind)

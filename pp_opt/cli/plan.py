@@ -15,7 +15,6 @@ from pp_opt.cli import exit_codes
 from pp_opt.cli.job_options import with_job_options
 from pp_opt.cli.output import say
 from pp_opt.cli.stopping import run_token, stop_reason
-from pp_opt.errors import ProblemError
 from pp_opt.frameworks.torchtitan import DEFAULT_RELEASE
 
 if TYPE_CHECKING:

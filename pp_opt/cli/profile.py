@@ -11,8 +11,8 @@ import typer
 from pp_opt.atomic import check_writable
 from pp_opt.cli.common import VppAlias, chunks_per_device
 from pp_opt.cli.job_options import with_job_options
-from pp_opt.errors import ProblemError
 from pp_opt.cli.output import say, show_and_write
+from pp_opt.errors import ProblemError
 
 
 @with_job_options("profile")

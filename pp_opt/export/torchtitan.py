@@ -46,7 +46,7 @@ def torchtitan_settings(
     """
     release = facts.release(version)
     counts = check_shape(job, n_layers=n_layers)
-    mode = facts.JOB_MODES[job.ac]
+    mode = facts.job_mode(job.ac)
     ac_value, ac_splits = facts.activation_checkpoint(mode)
     parallelism: dict[str, Any] = {}
     if job.tp > 1:

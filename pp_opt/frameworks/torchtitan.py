@@ -142,6 +142,16 @@ JOB_MODES = {"none": "none", "selective": "selective", "selective_op": "selectiv
 -> torchtitan's mode that runs it."""
 
 
+def job_mode(ac: str) -> str:
+    """torchtitan's checkpointing mode that runs a job's ``ac`` (Megatron-Core's module list
+    has none)."""
+    if ac not in JOB_MODES:
+        raise ProblemError(
+            "ac", f"torchtitan has no {ac!r} checkpointing; use none, selective_op or full"
+        )
+    return JOB_MODES[ac]
+
+
 def activation_checkpoint(mode: str) -> tuple[str, bool]:
     """``mode``'s config value and whether a split backward runs with it."""
     if mode not in ACTIVATION_CHECKPOINT:

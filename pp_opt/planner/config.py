@@ -88,7 +88,8 @@ class Candidate:
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, seq: int) -> Candidate:
         """Inverse of :meth:`to_dict` (``seq``: the plan's sequence length)."""
-        job = Job.from_dict(data, seq=seq, microbatches=data["m"])
+        fields = {k: v for k, v in data.items() if k not in ("recompute", "offload", "m")}
+        job = Job.from_dict(fields, seq=seq, microbatches=data["m"])
         return cls(job=job, recompute=data["recompute"], offload=data["offload"])
 
 

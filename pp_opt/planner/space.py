@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pp_opt.errors import ProblemError
-from pp_opt.job import Job, microbatch_count
-from pp_opt.job import DEFAULTS
+from pp_opt.job import DEFAULTS, Job, microbatch_count
 from pp_opt.planner.config import PINNED, Candidate, Pins, PlanInputs
 
 PLACEMENTS = ("loop", "v")
@@ -193,17 +192,26 @@ def enumerate_configs(inputs: PlanInputs, pins: Pins) -> Enumeration:
         for pp in _pp_values(inputs, pins, tp, skipped):
             for cp, dp, shard in _data_parallel(inputs, pins, tp, pp, skipped):
                 experts = _experts(inputs, pins, dp * cp * tp, skipped)
-                for (mbs, m), (placement, v), (ep, etp), features, switches in itertools.product(
-                    _mbs_values(inputs, pins, dp, skipped), _chunk_values(inputs, pins, pp, skipped),
-                    experts, settings, _switches(pins, 1 if shard > 1 else dp),
-                ):  # fmt: skip
-                    recompute, offload, sharding = switches
-                    try:
-                        job = Job(tp=tp, pp=pp, dp=dp, v=v, placement=placement, mbs=mbs,
-                                  microbatches=m, seq=inputs.seq, cp=cp, dp_shard=shard,
-                                  optimizer_sharding=sharding, ep=ep, etp=etp, **features)
-                    except ProblemError as err:
-                        skipped[f"beyond pp_opt's limits ({err.field})"] += 1
-                        continue
-                    result.configs.append(Candidate(job=job, recompute=recompute, offload=offload))
+                for mbs, m in _mbs_values(inputs, pins, dp, skipped):
+                    layout = dict(tp=tp, pp=pp, dp=dp, mbs=mbs, microbatches=m, seq=inputs.seq,
+                                  cp=cp, dp_shard=shard)  # fmt: skip
+                    for (placement, v), (ep, etp), features, switches in itertools.product(
+                        _chunk_values(inputs, pins, pp, skipped), experts, settings,
+                        _switches(pins, 1 if shard > 1 else dp),
+                    ):  # fmt: skip
+                        job = _job(skipped, layout, placement=placement, v=v, ep=ep, etp=etp,
+                                   optimizer_sharding=switches[2], **features)  # fmt: skip
+                        if job is not None:
+                            result.configs.append(
+                                Candidate(job=job, recompute=switches[0], offload=switches[1])
+                            )
     return result
+
+
+def _job(skipped: Counter[str], layout: dict[str, Any], **more: Any) -> Job | None:
+    """The job, or None when it is beyond pp_opt's limits (counted)."""
+    try:
+        return Job(**layout, **more)
+    except ProblemError as err:
+        skipped[f"beyond pp_opt's limits ({err.field})"] += 1
+        return None

@@ -137,7 +137,7 @@ def plan_training(
             f"the best plan without offload or recompute: {chosen.candidate.label()}, "
             f"{chosen.step_time:.1f} ms (+{extra:.1f} ms); the torchtitan settings are for it"
         )  # fmt: skip
-    modelled = titan.JOB_MODES[chosen.candidate.job.ac]
+    modelled = titan.job_mode(chosen.candidate.job.ac)
     if activation_checkpoint is None:
         activation_checkpoint = modelled
     elif activation_checkpoint != modelled:

@@ -38,10 +38,10 @@ from pp_opt.profiler.job_costs import (
     sharded_bytes_per_param,
 )
 from pp_opt.profiler.kernels import elementwise_bytes
+from pp_opt.profiler.layer_split import stage_total
 from pp_opt.profiler.moe import layer_unit as moe_layer_unit
 from pp_opt.profiler.moe import mtp_costs, uses_layer_model
 from pp_opt.profiler.stacks import StackCard, load_stack_card
-from pp_opt.profiler.layer_split import stage_total
 
 log = logging.getLogger(__name__)
 

@@ -141,7 +141,9 @@ class ModelCard:
         if self.experts:
             for key in ("top_k", "moe_ffn"):
                 if not getattr(self, key):
-                    raise ProblemError(f"model.{key}", "missing; an MoE card (experts > 0) needs it")
+                    raise ProblemError(
+                        f"model.{key}", "missing; an MoE card (experts > 0) needs it"
+                    )
             if self.top_k > self.experts:
                 raise ProblemError("model.top_k", f"{self.top_k} above the {self.experts} experts")
             if self.dense_layers > self.layers:
@@ -151,7 +153,9 @@ class ModelCard:
         if self.kv_lora_rank:
             for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
                 if not getattr(self, key):
-                    raise ProblemError(f"model.{key}", "missing; an MLA card (kv_lora_rank) needs it")
+                    raise ProblemError(
+                        f"model.{key}", "missing; an MLA card (kv_lora_rank) needs it"
+                    )
 
     @property
     def moe(self) -> bool:

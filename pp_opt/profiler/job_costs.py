@@ -39,13 +39,13 @@ from pp_opt.profiler.formulas import (
     linear_flops,
 )
 from pp_opt.profiler.fsdp import sharded_state_bytes, unsharded_bytes
-from pp_opt.profiler.stacks import load_stack_card
 from pp_opt.profiler.kernels import (
     elementwise_bytes,
     fp8_cast_bytes,
     tp_collective_bytes,
     tp_exposed_s,
 )
+from pp_opt.profiler.stacks import load_stack_card
 
 FORMULA_MODES = ("none", "selective")
 """Checkpointing modes :mod:`formulas` counts itself; the others start from ``none``."""

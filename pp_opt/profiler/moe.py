@@ -133,8 +133,14 @@ def dispatch_ms(card: ModelCard, hw: HardwareCard, lay: Layout, stack: StackCard
     latency = stack.dispatch_latency_us * 1e-3
     span = lay.ep * lay.etp
     if lay.dispatcher == "allgather":
-        return ring_all_gather_ms(tokens * vector * lay.ep, lay.ep,
-                                  *node_link(hw, spans_nodes=span > hw.gpus_per_node)) / eff
+        return (
+            ring_all_gather_ms(
+                tokens * vector * lay.ep,
+                lay.ep,
+                *node_link(hw, spans_nodes=span > hw.gpus_per_node),
+            )
+            / eff
+        )
     peers = min(lay.ep, max(1, hw.gpus_per_node // lay.etp))
     nodes = -(-lay.ep // peers)
     local = copies * (peers - 1) / lay.ep
@@ -298,8 +304,9 @@ def mtp_costs(card: ModelCard, hw: HardwareCard, job: Job, layer: dict[str, floa
     for key in out:
         extra = {"t_f": proj, "t_b": proj, "t_w": proj}.get(key, 0.0)
         if key in ("params", "expert_params"):
-            out[key] = card.mtp_layers * (layer.get(key, 0.0) + (2 * card.hidden**2 if key ==
-                                                                  "params" else 0.0) / job.tp)
+            out[key] = card.mtp_layers * (
+                layer.get(key, 0.0) + (2 * card.hidden**2 if key == "params" else 0.0) / job.tp
+            )
         elif key != "transient":
             out[key] = card.mtp_layers * (layer.get(key, 0.0) + head.get(key, 0.0) + extra)
     return out

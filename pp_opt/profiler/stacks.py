@@ -123,5 +123,7 @@ def load_stack_card(where: str) -> StackCard:
     allowed = [f.name for f in fields(StackCard)]
     for key in data:
         if key not in allowed:
-            raise ProblemError(f"stack.{key}", f"unknown key; allowed keys are {', '.join(allowed)}")
+            raise ProblemError(
+                f"stack.{key}", f"unknown key; allowed keys are {', '.join(allowed)}"
+            )
     return StackCard(**{"name": name, **data})

@@ -1,0 +1,103 @@
+"""Mixture-of-Experts costs: the cards' parameter counts, the all-to-all's closed form, expert
+state over the expert data-parallel ranks, bad input, and the published runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import pp_opt
+from pp_opt.errors import ProblemError
+from pp_opt.job import Job
+from pp_opt.profiler.cards import GB, load_hardware_card, load_model_card, model_card_from_dict
+from pp_opt.profiler.formulas import embedding_params, head_params
+from pp_opt.profiler.moe import Layout, dispatch_ms, layer_params
+from pp_opt.profiler.stacks import load_stack_card
+
+ROOT = Path(__file__).resolve().parent.parent
+HW = load_hardware_card("h100-80gb")
+
+
+@pytest.mark.parametrize(
+    ("name", "total", "active"),
+    [("deepseek-v3", 671.0, 37.0), ("kimi-k2", 1026.0, 32.5), ("qwen3-235b-a22b", 235.0, 22.0),
+     ("qwen3-30b-a3b", 30.5, 3.3), ("gpt-oss-120b", 116.8, 5.1)],
+)  # fmt: skip
+def test_the_cards_count_the_published_parameters(name: str, total: float, active: float) -> None:
+    """Totals from each model's card (DeepSeek-V3 report: 671B, 37B active, MTP apart; Kimi K2:
+    1.04T, 32B; Qwen3: 235B/22B, 30.5B/3.3B; gpt-oss: 116.8B, 5.1B active)."""
+    card = load_model_card(name)
+    dense, experts = layer_params(card, True)
+    plain, _ = layer_params(card, False)
+    ends = embedding_params(card) + head_params(card)
+    count = card.moe_layers * (dense + experts) + card.dense_layers * plain + ends
+    used = card.moe_layers * (dense + experts * card.top_k / card.experts)
+    used += card.dense_layers * plain + ends
+    assert count / 1e9 == pytest.approx(total, rel=0.01)
+    assert used / 1e9 == pytest.approx(active, rel=0.13)  # gpt-oss counts its embedding apart
+
+
+def test_a_dispatch_inside_a_node_is_its_copies_over_nvlink() -> None:
+    card = load_model_card("qwen3-30b-a3b")
+    stack = load_stack_card("megatron-core")
+    lay = Layout(tokens=4096, seq=4096, tp=1, ep=8, etp=1, imbalance=1.0, dispatcher="alltoall",
+                 fp8=False)  # fmt: skip
+    copies = 4096 * card.top_k * 7 / 8
+    expected = 1e3 * copies * card.hidden * 2 / (HW.intra_node_gbs * GB * 0.6) + 0.03
+    assert dispatch_ms(card, HW, lay, stack, dtype_bytes=2.0) == pytest.approx(expected)
+    # DeepEP across nodes sends a token once per remote node it reaches, at most node_limit
+    wide = Layout(tokens=4096, seq=4096, tp=1, ep=64, etp=1, imbalance=1.0, dispatcher="deepep",
+                  fp8=False)  # fmt: skip
+    a2a = Layout(tokens=4096, seq=4096, tp=1, ep=64, etp=1, imbalance=1.0, dispatcher="alltoall",
+                 fp8=False)  # fmt: skip
+    v3 = load_model_card("deepseek-v3")
+    assert dispatch_ms(v3, HW, wide, stack, dtype_bytes=2.0) < dispatch_ms(
+        v3, HW, a2a, stack, dtype_bytes=2.0
+    )
+
+
+def test_expert_state_shards_over_the_expert_data_parallel_ranks() -> None:
+    common = dict(pp=2, microbatches=8, seq=4096, ep=8, stack="megatron-core", ac="full")
+    few = pp_opt.profile_job(Job(dp=8, **common), model="qwen3-30b-a3b", hardware=HW)
+    many = pp_opt.profile_job(Job(dp=64, **common), model="qwen3-30b-a3b", hardware=HW)
+    assert few.stages[0].expert_params == many.stages[0].expert_params > 0
+    assert many.static[0] < few.static[0]
+    # the all-to-all and TP collectives are the communication part of F
+    assert few.stages[0].t_f_comm > 0 and few.stages[0].t_f > few.stages[0].t_f_comm
+
+
+@pytest.mark.parametrize(
+    ("model", "fields", "field"),
+    [("deepseek-v3", dict(ep=3, dp=3), "ep"), ("llama3-8b", dict(ep=2, dp=2), "ep"),
+     ("deepseek-v3-debug", dict(etp=3, dp=3), "etp")],
+)  # fmt: skip
+def test_expert_settings_that_do_not_fit_the_card_name_their_field(
+    model: str, fields: dict[str, int], field: str
+) -> None:
+    job = Job(pp=1, microbatches=2, seq=512, **fields)  # type: ignore[arg-type]
+    with pytest.raises(ProblemError) as err:
+        pp_opt.profile_job(job, model=model, hardware=HW)
+    assert err.value.field == field and "\n" not in str(err.value)
+
+
+def test_a_card_missing_an_moe_field_names_it() -> None:
+    base = dict(layers=4, hidden=256, heads=4, vocab=1000, seq=128, experts=8, moe_ffn=64)
+    with pytest.raises(ProblemError) as err:
+        model_card_from_dict(base)
+    assert err.value.field == "model.top_k"
+
+
+def test_the_published_moe_runs_are_configurations_pp_opt_accepts() -> None:
+    """Every published row predicts a step time (never infeasible); the AutoModel row within
+    15% (``python scripts/bench_published.py`` prints them all)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_published
+
+    results = {r["id"]: r for r in bench_published.moe_results()}
+    data = json.loads((ROOT / "scripts/published/moe_rows.json").read_text())
+    assert set(results) == {row["id"] for row in data["rows"]}
+    assert all(r["step_time_ms"] for r in results.values())
+    assert abs(results["automodel-deepseek-v3"]["tps_ratio"] - 1) <= 0.15
