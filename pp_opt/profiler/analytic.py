@@ -93,10 +93,32 @@ def head_costs(card: ModelCard, job: Job, hw: HardwareCard) -> dict[str, float]:
         "t_f": gemm + elementwise,
         "t_b": gemm + elementwise,
         "t_w": gemm,
-        "m_b": ((2 * e * h + stats) * sb) / t + logits,
+        "m_b": ((2 * e * h + stats) * sb) / t + logits + gathered_head_input_bytes(card, job),
         "m_w": (e * h + e * card.vocab) * sb / t,
-        "transient": LOSS_GRAD_BYTES * sb * card.vocab / t,
+        "transient": loss_grad_bytes(job) * sb * card.vocab / t,
     }
+
+
+LOSS_PARALLEL_GRAD_BYTES = 12.0
+"""Bytes per logit beyond the saved log-softmax that torch's loss-parallel backward holds
+(``torch.distributed.tensor.parallel.loss._nll_loss_and_log_softmax_backward``: the fp32
+``zeros_like`` gradient, ``exp(x)``, their sum and the product, of which three at once);
+torchtitan runs the loss parallel whenever ``tp > 1`` (``disable_loss_parallel`` false)."""
+
+
+def loss_grad_bytes(job: Job) -> float:
+    """Bytes per logit the loss's backward holds beyond its saved fp32 log-softmax."""
+    if job.tp > 1 and fsdp_on(job):  # torchtitan's runtime: loss parallel under TP
+        return LOSS_PARALLEL_GRAD_BYTES
+    return LOSS_GRAD_BYTES
+
+
+def gathered_head_input_bytes(card: ModelCard, job: Job) -> float:
+    """Under torchtitan's DTensor TP the colwise output layer saves its all-gathered input
+    whole (``e s b h``), not the ``1 / t`` sequence shard :func:`head_costs` counts."""
+    if job.tp == 1 or not fsdp_on(job):
+        return 0.0
+    return card.dtype_bytes * job.seq * job.mbs * card.hidden * (job.tp - 1) / job.tp
 
 
 def embedding_costs(card: ModelCard, job: Job, hw: HardwareCard) -> dict[str, float]:
