@@ -165,7 +165,8 @@ class Job:
         None, "FSDP all-gathers Float8 weights.", commands=(), plan="fixed"
     )
     """FSDP all-gathers Float8 weights in FP8 (torchtitan's ``enable_fsdp_float8_all_gather``);
-    None: whenever Float8 runs under FSDP (torchtitan's Float8 configurations set it)."""
+    None: whenever Float8 runs under FSDP, sharded over ``dp_shard x cp`` (torchtitan's Float8
+    configurations set it)."""
     compile: bool = option(False, "torch.compile each layer.", plan="allow", label=" compile")
     """torch.compile of each decoder layer: fused elementwise passes."""
     async_tp: bool = option(False, "Overlap TP collectives with their GEMMs (needs compile).",
@@ -241,11 +242,11 @@ class Job:
 
     def _check_features(self) -> None:
         if self.fp8_all_gather is None:
-            object.__setattr__(self, "fp8_all_gather", self.fp8 and self.dp_shard > 1)
+            object.__setattr__(self, "fp8_all_gather", self.fp8 and self.dp_shard * self.cp > 1)
         if self.async_tp and not self.compile:
             raise ProblemError("async_tp", "AsyncTP runs inside compiled layers; add --compile")
-        if self.fp8_all_gather and not (self.fp8 and self.dp_shard > 1):
-            raise ProblemError("fp8_all_gather", "needs --fp8 and FSDP (dp_shard > 1)")
+        if self.fp8_all_gather and not (self.fp8 and self.dp_shard * self.cp > 1):
+            raise ProblemError("fp8_all_gather", "needs --fp8 and FSDP (dp_shard x cp > 1)")
         full = tuple(integer("full_layers", n, low=0) for n in self.full_layers)
         object.__setattr__(self, "full_layers", full)
         if full and len(full) != self.stages:
@@ -323,7 +324,7 @@ class Job:
         made before a field existed keep their bytes)."""
         out: dict[str, Any] = {}
         auto = {"dp_replicate": self.dp // self.dp_shard,
-                "fp8_all_gather": self.fp8 and self.dp_shard > 1}  # fmt: skip
+                "fp8_all_gather": self.fp8 and self.dp_shard * self.cp > 1}  # fmt: skip
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in auto and value == auto[f.name]:

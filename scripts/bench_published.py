@@ -15,7 +15,9 @@ pipeline rank's predicted peak).
 
 ``--fit`` fits the card's four fitted constants on named rows (:data:`FIT_ROWS`) and writes
 them into the card's TOML with the rows they came from: ``gemm_efficiency`` (BF16),
-``hbm_efficiency`` (elementwise passes), ``fp8_gemm_efficiency`` and ``memory_overhead``.
+``hbm_efficiency`` (elementwise passes), ``fp8_gemm_efficiency`` and
+``pipeline_fragmentation`` (the allocator's reserved-over-allocated share of the bytes a
+pipelined step allocates and frees; no constant multiplies the total).
 Every other row is then a prediction. The done-when checks of issue 27 are printed below the
 table: every row within 15% (TPS and memory), median absolute TPS error, the ranking within
 each table, and Table 5's Interleaved / 1F1B ratio.
@@ -42,11 +44,19 @@ FIT_ROWS = {
     "hbm_efficiency": ("table1-fsdp-torchcompile",),
     "fp8_gemm_efficiency": ("table1-fsdp-torchcompile-float8", "table5-1f1b",
                             "table5-interleaved1f1b"),
-    "memory_overhead": ("table1-fsdp", "table1-fsdp-torchcompile", "table5-1f1b"),
+    "pipeline_fragmentation": ("table5-1f1b",),
 }  # fmt: skip
 """The rows each fitted constant is fitted on (TPS for the efficiencies, memory for the
-overhead); all other rows are predictions."""
+allocator's fragmentation under a pipeline); all other rows are predictions. No constant
+multiplies the whole peak: memory is the sum of the named terms of
+:mod:`pp_opt.profiler.memory_breakdown`."""
 TPS_TOLERANCE = 0.15
+MEMORY_TOLERANCE = 0.10
+"""Issue 40: the torchtitan rows of Tables 1, 3 and 5 within 10% on memory."""
+HELD_BACK_TOLERANCE = (0.20, 0.15)
+GIVEN_TABLES = (1, 3, 5)
+"""The tables the fitted constants come from (the others only check them)."""
+"""Issue 40: rows of other tables (CP, 2D) within 20% on TPS and 15% on memory."""
 MEDIAN_TOLERANCE = 0.08
 INTERLEAVED_RATIO = (1.28, 0.08)
 
@@ -98,12 +108,21 @@ def evaluate_rows(
 
 def checks(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Issue 27's done-when lines on these rows."""
-    errors = [abs(r["tps_ratio"] - 1) for r in results]
+    given = [r for r in results if r["table"] in GIVEN_TABLES]
+    held = [r for r in results if r["table"] not in GIVEN_TABLES]
+    errors = [abs(r["tps_ratio"] - 1) for r in given]
     out: dict[str, Any] = {
         "tps_within_15pct": all(e <= TPS_TOLERANCE for e in errors),
         "median_abs_tps_error": statistics.median(errors) if errors else None,
-        "memory_within_15pct": all(abs(r["memory_ratio"] - 1) <= TPS_TOLERANCE for r in results),
-    }
+        "memory_within_10pct": all(abs(r["memory_ratio"] - 1) <= MEMORY_TOLERANCE
+                                   for r in given),
+    }  # fmt: skip
+    if held:
+        tps, memory = HELD_BACK_TOLERANCE
+        out["other_tables_feasible"] = all(r["status"] != "infeasible" for r in held)
+        out["other_tables_tps_within_20pct"] = all(abs(r["tps_ratio"] - 1) <= tps for r in held)
+        out["other_tables_memory_within_15pct"] = all(abs(r["memory_ratio"] - 1) <= memory
+                                                      for r in held)  # fmt: skip
     out["median_within_8pct"] = (out["median_abs_tps_error"] or 0.0) <= MEDIAN_TOLERANCE
     ranks = {}
     for table in sorted({r["table"] for r in results}):
@@ -142,9 +161,15 @@ def fit(hw: HardwareCard, rows: list[dict[str, Any]]) -> HardwareCard:
         hw = _bisect(hw, "gemm_efficiency", named["gemm_efficiency"], 0.2, 1.0)
         hw = _bisect(hw, "hbm_efficiency", named["hbm_efficiency"], 0.2, 1.0)
         hw = _bisect(hw, "fp8_gemm_efficiency", named["fp8_gemm_efficiency"], 0.1, 1.0)
-    base = evaluate_rows(named["memory_overhead"], replace(hw, memory_overhead=1.0))
-    logs = [math.log(r["measured_gib"] / r["predicted_gib"]) for r in base]
-    return replace(hw, memory_overhead=max(1.0, math.exp(sum(logs) / len(logs))))
+    low, high = 0.0, 1.0
+    for _ in range(18):  # memory grows with the fragmentation share
+        mid = (low + high) / 2
+        got = evaluate_rows(
+            named["pipeline_fragmentation"], replace(hw, pipeline_fragmentation=mid)
+        )
+        err = sum(math.log(r["memory_ratio"]) for r in got)
+        low, high = (mid, high) if err < 0 else (low, mid)
+    return replace(hw, pipeline_fragmentation=(low + high) / 2)
 
 
 def write_card(hw: HardwareCard) -> Path:
@@ -157,9 +182,10 @@ def write_card(hw: HardwareCard) -> Path:
                 f"{', '.join(FIT_ROWS[key])}")  # fmt: skip
         pattern = re.compile(rf"^{key} *=.*?(?=^\w|\Z)", re.M | re.S)
         line = f"{key} = {value:.4f}"
-        text, count = pattern.subn(f"{line:<29}{note}\n", text, count=1)
+        line = f"{line:<{max(29, len(line) + 1)}}{note}\n"
+        text, count = pattern.subn(line, text, count=1)
         if not count:
-            text += f"{line:<29}{note}\n"
+            text += line
     path.write_text(text)
     return path
 

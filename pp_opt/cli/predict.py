@@ -42,7 +42,9 @@ def predict(
 
 
 def prediction_table(got: Prediction) -> str:
-    """The short table ``pp-opt predict`` prints."""
+    """The short table ``pp-opt predict`` prints, with the peak's named terms per rank."""
+    from pp_opt.profiler.memory_breakdown import breakdown_table
+
     gap = "-" if got.gap is None else f"{got.gap:.1%}"
     rows = [f"config        {' '.join(f'{k}={v}' for k, v in got.config.items())}",
             f"schedule      {got.schedule} ({got.status}, gap {gap})"]  # fmt: skip
@@ -53,6 +55,9 @@ def prediction_table(got: Prediction) -> str:
     rows += [f"step time     {got.step_time:.1f} ms",
              f"TPS/GPU       {got.tokens_per_s_per_gpu:.1f}", f"MFU           {got.mfu:.1%}",
              f"peak memory   {gib} GiB per pipeline rank"]  # fmt: skip
+    if got.memory_breakdown:
+        rows += ["memory breakdown (reserved: what torchtitan reports; allocated: Megatron-Core)",
+                 breakdown_table(got.memory_breakdown)]  # fmt: skip
     return "\n".join(rows)
 
 

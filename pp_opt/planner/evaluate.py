@@ -14,7 +14,7 @@ from typing import Any
 from pp_opt.errors import InfeasibleError, PPOptError, TimeLimitError
 from pp_opt.job import Job
 from pp_opt.planner.config import Candidate, PlanInputs
-from pp_opt.planner.memory import reported_peak_memory
+from pp_opt.planner.memory import memory_breakdown
 from pp_opt.planner.problems import OFFLOAD_FRACTIONS, candidate_problem, candidate_profile
 from pp_opt.planner.step import (
     dp_sync_ms,
@@ -27,6 +27,7 @@ from pp_opt.planner.step import (
 )
 from pp_opt.problem import Problem
 from pp_opt.profiler.costs import CostProfile
+from pp_opt.profiler.stacks import load_stack_card
 from pp_opt.schedule import Schedule
 from pp_opt.solvers.process.stop import StopToken
 
@@ -84,6 +85,9 @@ class Scored:
     peak_memory: list[float] = field(default_factory=list)
     """Per device: static plus activation memory at its peak, as reported (reserved bytes,
     :func:`pp_opt.planner.memory.reported_peak_memory`)."""
+    memory_breakdown: list[dict[str, float]] = field(default_factory=list)
+    """Per device: the named terms of its peak, ``allocated`` and ``reserved`` (bytes; the
+    terms add up to ``peak_memory``, :mod:`pp_opt.profiler.memory_breakdown`)."""
     memory_bound: bool = False
     """Some device lacks room for one more of its largest activations at its peak."""
     static_memory: float = 0.0
@@ -136,6 +140,8 @@ class Scored:
                     "tokens_per_s_per_gpu", "mfu"):  # fmt: skip
             out[key] = getattr(self, key)
         out["peak_memory"] = list(self.peak_memory)
+        if self.memory_breakdown:
+            out["memory_breakdown"] = [dict(rank) for rank in self.memory_breakdown]
         out["memory_bound"] = self.memory_bound
         out["status"] = self.status
         out["gap"] = self.gap
@@ -202,13 +208,14 @@ def _score(out: Scored, job: EvaluationTask, schedule: Schedule, profile: CostPr
     out.step_time = figures.step_time
     out.tokens_per_s_per_gpu = figures.tokens_per_s_per_gpu
     out.mfu = figures.mfu
-    out.peak_memory = reported_peak_memory(profile, schedule)
+    out.memory_breakdown = memory_breakdown(profile, schedule)
+    reported = load_stack_card(config.stack).memory_report  # what its numbers mean
+    out.peak_memory = [rank[reported] for rank in out.memory_breakdown]
     out.static_memory = max(dev.static for dev in problem.devices)
-    overhead = profile.hardware.memory_overhead  # peak_memory is reserved, the cap allocated
     out.memory_bound = any(
-        out.peak_memory[d] / overhead + max(problem.stages[s].m_b for s in problem.stages_on(d))
+        rank["allocated"] + max(problem.stages[s].m_b for s in problem.stages_on(d))
         > problem.devices[d].cap
-        for d in range(problem.p)
+        for d, rank in enumerate(out.memory_breakdown)
     )
     out.status = str(schedule.solver.status)
     out.gap = schedule.solver.gap

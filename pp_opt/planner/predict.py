@@ -8,7 +8,7 @@ schedule, the step time), so a plan is a search over predictions.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,8 @@ class Prediction:
     mfu: float | None
     """Model FLOPs utilisation (recompute not counted)."""
     peak_memory: list[float]
-    """Per pipeline rank: the peak as a framework reports it (reserved bytes)."""
+    """Per pipeline rank: the peak as the stack reports it (``reserved`` bytes for torchtitan,
+    ``allocated`` for Megatron-Core and NeMo: the stack card's ``memory_report``)."""
     status: str
     """The schedule's status (``optimal``, ``feasible``, ``heuristic``), or why none."""
     gap: float | None
@@ -56,6 +57,9 @@ class Prediction:
     """The optimizer step."""
     note: str = ""
     """Why there is no schedule."""
+    memory_breakdown: list[dict[str, float]] = field(default_factory=list)
+    """Per pipeline rank: the named terms of its peak (bytes) and their sums ``allocated``
+    and ``reserved``; ``reserved`` is ``peak_memory`` (:mod:`pp_opt.profiler.memory_breakdown`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The prediction file (``"format": "pp-opt.prediction"``)."""
@@ -66,6 +70,7 @@ class Prediction:
             "peak_memory": self.peak_memory, "status": self.status, "gap": self.gap,
             "iteration_makespan": self.iteration_makespan, "dp_sync": self.dp_sync,
             "optimizer_step": self.optimizer_step, "note": self.note,
+            "memory_breakdown": [dict(rank) for rank in self.memory_breakdown],
         }  # fmt: skip
 
     @classmethod
@@ -79,6 +84,7 @@ class Prediction:
             mfu=scored.mfu, peak_memory=list(scored.peak_memory), status=scored.status,
             gap=scored.gap, iteration_makespan=scored.iteration_makespan,
             dp_sync=scored.dp_sync, optimizer_step=scored.optimizer_step, note=scored.note,
+            memory_breakdown=[dict(rank) for rank in scored.memory_breakdown],
         )  # fmt: skip
 
 

@@ -10,7 +10,8 @@
   parallel first, then pipeline, then data parallel (the profiler packs pipeline neighbours
   the same way), so a dp group stays inside a node only when the whole job does: it then
   runs at the card's intra-node bandwidth, else at the inter-node one.
-- With FSDP (``dp_shard > 1``, torchtitan's runs) the per-stage reduction is the fp32
+- With FSDP (``dp_shard x cp > 1``: torchtitan shards over its ``dp_shard_cp`` mesh,
+  :func:`pp_opt.profiler.fsdp.fsdp_shard`) the per-stage reduction is the fp32
   gradient reduce-scatter over the shard group (plus HSDP's all-reduce of the shards over
   the replicas), after the stage's last backward (torch's pipeline stage turns gradient
   sync off for the others); ``dp_sync`` also holds the all-gathers not hidden
@@ -41,7 +42,7 @@ from pp_opt.profiler.comm import (
     ring_reduce_scatter_ms,
 )
 from pp_opt.profiler.formulas import LayerShape, head_flops, layer_flops
-from pp_opt.profiler.fsdp import exposed_per_layer, pipelined_exposed_time
+from pp_opt.profiler.fsdp import exposed_per_layer, fsdp_on, fsdp_shard, pipelined_exposed_time
 from pp_opt.schedule import Schedule
 
 GRAD_BYTES = 2.0
@@ -90,20 +91,20 @@ def stage_all_reduce_ms(inputs: PlanInputs, config: Job, params: Sequence[float]
     backward has run: a bf16 all-reduce over ``dp``, or FSDP's fp32 reduce-scatter (and HSDP's
     all-reduce); 0 for FSDP without a pipeline (its per-layer reduce-scatters overlap the
     backward, :func:`fsdp_exposed_ms`)."""
-    if not config.fsdp:
+    if not fsdp_on(config):
         gbs, latency = dp_link(inputs)
         return [ring_all_reduce_ms(GRAD_BYTES * n, config.dp, gbs, latency) for n in params]
     if config.pp == 1:
         return [0.0 for _ in params]
     shard, replicate = fsdp_links(inputs, config)
-    return [ring_reduce_scatter_ms(FSDP_GRAD_BYTES * n, config.dp_shard, *shard)
-            + ring_all_reduce_ms(FSDP_GRAD_BYTES * n / config.dp_shard, config.dp_replicate,
+    return [ring_reduce_scatter_ms(FSDP_GRAD_BYTES * n, fsdp_shard(config), *shard)
+            + ring_all_reduce_ms(FSDP_GRAD_BYTES * n / fsdp_shard(config), config.dp_replicate,
                                  *replicate) for n in params]  # fmt: skip
 
 
 def fsdp_units(inputs: PlanInputs, config: Job) -> tuple[dict[str, float], float]:
     """One decoder layer's costs and the root's parameters per GPU, for :func:`fsdp_exposed_ms`."""
-    if not config.fsdp:
+    if not fsdp_on(config):
         return {}, 0.0
     units = unit_costs(inputs.model, inputs.hardware, config)
     return units.layer, units.embedding["params"] + units.head["params"]
@@ -120,21 +121,21 @@ def fsdp_exposed_ms(inputs: PlanInputs, config: Job, layer: Mapping[str, float],
     Without one, each layer's all-gather runs in F and again in B (resharded after forward),
     prefetched one layer ahead, and its reduce-scatter in B; the root's are exposed.
     """
-    if not config.fsdp:
+    if not fsdp_on(config):
         return 0.0
     (gbs, latency), _ = fsdp_links(inputs, config)
     param_bytes = 1.0 if config.fp8_all_gather else 2.0
-    gather = ring_all_gather_ms(param_bytes * layer["params"], config.dp_shard, gbs, latency)
+    gather = ring_all_gather_ms(param_bytes * layer["params"], fsdp_shard(config), gbs, latency)
     if config.pp > 1:
         layers = max(config.layers) if config.layers else 1
         return 1e3 * pipelined_exposed_time(
             first_layer_gather_s=gather / 1e3, layer_gather_s=gather / 1e3,
             layer_forward_s=layer["t_f"] / 1e3, layers=layers, last_stage_reduce_scatter_s=0.0,
         )  # fmt: skip
-    scatter = ring_reduce_scatter_ms(FSDP_GRAD_BYTES * layer["params"], config.dp_shard, gbs,
+    scatter = ring_reduce_scatter_ms(FSDP_GRAD_BYTES * layer["params"], fsdp_shard(config), gbs,
                                      latency)  # fmt: skip
-    root = ring_all_gather_ms(2.0 * root_params, config.dp_shard, gbs, latency)
-    root += ring_reduce_scatter_ms(FSDP_GRAD_BYTES * root_params, config.dp_shard, gbs, latency)
+    root = ring_all_gather_ms(2.0 * root_params, fsdp_shard(config), gbs, latency)
+    root += ring_reduce_scatter_ms(FSDP_GRAD_BYTES * root_params, fsdp_shard(config), gbs, latency)
     per_layer = exposed_per_layer(gather, layer["t_f"]) + exposed_per_layer(
         gather + scatter, layer["t_b"] + layer["t_w"]
     )
@@ -171,7 +172,7 @@ def dp_sync_bound(reduce: Sequence[float]) -> float:
 
 def optimizer_ms(inputs: PlanInputs, config: Job, device_params: Sequence[float]) -> float:
     """Adam's step on the device with the most parameters (ms)."""
-    share = config.dp_shard if config.fsdp else config.dp if config.optimizer_sharding else 1
+    share = fsdp_shard(config) if fsdp_on(config) else config.dp if config.optimizer_sharding else 1
     return hbm_ms(max(device_params) * OPTIMIZER_BYTES / share, inputs.hardware)
 
 

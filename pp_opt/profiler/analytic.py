@@ -31,14 +31,15 @@ from pp_opt.profiler.formulas import (
     layer_flops,
     layer_params,
 )
+from pp_opt.profiler.fsdp import fsdp_on
 from pp_opt.profiler.job_costs import (
     FORMULA_MODES,
-    device_fixed_bytes,
     layer_unit,
     sharded_bytes_per_param,
 )
 from pp_opt.profiler.kernels import elementwise_bytes
 from pp_opt.profiler.layer_split import stage_total
+from pp_opt.profiler.memory_breakdown import cap_bytes, static_terms
 from pp_opt.profiler.moe import layer_unit as moe_layer_unit
 from pp_opt.profiler.moe import mtp_costs, uses_layer_model
 from pp_opt.profiler.stacks import StackCard, load_stack_card
@@ -95,10 +96,32 @@ def head_costs(card: ModelCard, job: Job, hw: HardwareCard) -> dict[str, float]:
         "t_f": gemm + elementwise,
         "t_b": gemm + elementwise,
         "t_w": gemm,
-        "m_b": ((2 * e * h + stats) * sb) / t + logits,
+        "m_b": ((2 * e * h + stats) * sb) / t + logits + gathered_head_input_bytes(card, job),
         "m_w": (e * h + e * card.vocab) * sb / t,
-        "transient": LOSS_GRAD_BYTES * sb * card.vocab / t,
+        "transient": loss_grad_bytes(job) * sb * card.vocab / t,
     }
+
+
+LOSS_PARALLEL_GRAD_BYTES = 12.0
+"""Bytes per logit beyond the saved log-softmax that torch's loss-parallel backward holds
+(``torch.distributed.tensor.parallel.loss._nll_loss_and_log_softmax_backward``: the fp32
+``zeros_like`` gradient, ``exp(x)``, their sum and the product, of which three at once);
+torchtitan runs the loss parallel whenever ``tp > 1`` (``disable_loss_parallel`` false)."""
+
+
+def loss_grad_bytes(job: Job) -> float:
+    """Bytes per logit the loss's backward holds beyond its saved fp32 log-softmax."""
+    if job.tp > 1 and fsdp_on(job):  # torchtitan's runtime: loss parallel under TP
+        return LOSS_PARALLEL_GRAD_BYTES
+    return LOSS_GRAD_BYTES
+
+
+def gathered_head_input_bytes(card: ModelCard, job: Job) -> float:
+    """Under torchtitan's DTensor TP the colwise output layer saves its all-gathered input
+    whole (``e s b h``), not the ``1 / t`` sequence shard :func:`head_costs` counts."""
+    if job.tp == 1 or not fsdp_on(job):
+        return 0.0
+    return card.dtype_bytes * job.seq * job.mbs * card.hidden * (job.tp - 1) / job.tp
 
 
 def embedding_costs(card: ModelCard, job: Job, hw: HardwareCard) -> dict[str, float]:
@@ -180,7 +203,7 @@ def job_bytes_per_param(job: Job) -> float:
     stack = load_stack_card(job.stack)
     if stack.optimizer == "distributed" and job.bytes_per_param is None:
         return distributed_bytes_per_param(stack, job.dp * job.cp)
-    if job.fsdp:
+    if fsdp_on(job):
         return sharded_bytes_per_param(job) * fsdp_state_bytes(stack) / 16.0
     if job.bytes_per_param is not None:
         return float(job.bytes_per_param)
@@ -207,7 +230,7 @@ def expert_bytes_per_param(job: Job) -> float:
         return float(job.bytes_per_param)
     if stack.optimizer == "distributed":
         return distributed_bytes_per_param(stack, job.edp)
-    if job.fsdp:
+    if fsdp_on(job):
         return fsdp_state_bytes(stack) / job.edp
     return bytes_per_param(dp=job.edp, optimizer_sharding=job.optimizer_sharding)
 
@@ -291,29 +314,36 @@ def stage_costs(card: ModelCard, hw: HardwareCard, job: Job) -> list[StageCost]:
     return out
 
 
-def stage_transients(units: UnitCosts, job: Job) -> list[float]:
-    """Per stage, the most it holds only during one backward (bytes): a re-run layer's
-    transient, or the loss's gradients on the last stage."""
+def stage_transients(units: UnitCosts, job: Job) -> list[tuple[float, float]]:
+    """Per stage, what it holds only during one backward (bytes): ``(a re-run layer's
+    transient, the loss's fp32 gradients on the last stage)``."""
     out = []
     for s, n in enumerate(job.layers):
         n_full = job.stage_full_layers(s) if units.full_layer else 0
         full = units.full_layer["transient"] if units.full_layer and n_full else 0.0
         last = s == len(job.layers) - 1
-        head = units.head["transient"] if last and job.fsdp else 0.0  # torchtitan's fp32 loss
-        out.append(max(full, head, units.layer["transient"] if n > n_full else 0.0))
+        head = units.head["transient"] if last and fsdp_on(job) else 0.0  # torchtitan's fp32 loss
+        out.append((max(full, units.layer["transient"] if n > n_full else 0.0), head))
     return out
+
+
+def static_memory_terms(
+    card: ModelCard, stages: list[StageCost], job: Job, hw: HardwareCard
+) -> list[dict[str, float]]:
+    """Per device, the named static terms of :func:`memory_breakdown.static_terms` (bytes)."""
+    transients = stage_transients(unit_costs(card, hw, job), job)
+    return static_terms(card, job, stages, transients, job_bytes_per_param(job),
+                        expert_per_param=expert_bytes_per_param(job))  # fmt: skip
 
 
 def static_bytes(
     card: ModelCard, stages: list[StageCost], job: Job, hw: HardwareCard
 ) -> list[float]:
-    """What each device holds beside its activations (:func:`job_costs.device_fixed_bytes`:
+    """What each device holds beside its activations (:func:`static_memory_terms` summed:
     weights, gradients and optimizer state, FSDP's unsharded copies, re-run transients,
-    receive buffers); fails when they alone overflow."""
-    transients = stage_transients(unit_costs(card, hw, job), job)
-    static = device_fixed_bytes(card, job, stages, transients, job_bytes_per_param(job),
-                                expert_per_param=expert_bytes_per_param(job))  # fmt: skip
-    cap = hw.cap_bytes
+    receive buffers, the allocator's cached buffers); fails when they alone overflow."""
+    static = [sum(t.values()) for t in static_memory_terms(card, stages, job, hw)]
+    cap = hw.usable_bytes
     worst = max(range(job.pp), key=lambda d: static[d])
     if static[worst] > cap:
         raise ProblemError(
@@ -321,15 +351,9 @@ def static_bytes(
             f"device {worst}: weights, gradients and optimizer state need "
             f"{static[worst] / GIB:.1f} GiB, {(static[worst] - cap) / GIB:.1f} GiB more than the "
             f"{cap / GIB:.1f} GiB cap of {hw.name} ({hw.hbm_gib:g} GiB minus {hw.reserve_gib:g} "
-            f"reserved{_overhead(hw)}); use a larger pp or tp, or fewer bytes per parameter",
+            f"reserved); use a larger pp or tp, or fewer bytes per parameter",
         )
     return static
-
-
-def _overhead(hw: HardwareCard) -> str:
-    return (
-        "" if hw.memory_overhead == 1 else f", over the {hw.memory_overhead:g} allocator overhead"
-    )
 
 
 def link_costs(card: ModelCard, hw: HardwareCard, job: Job) -> LinkCosts:
@@ -361,6 +385,6 @@ def profile_analytic(card: ModelCard, hw: HardwareCard, job: Job) -> CostProfile
     static = static_bytes(card, stages, job, hw)
     log.debug("analytic profile of %s on %s: %d stages", card.name, hw.name, len(stages))
     return CostProfile(job=job, kind="analytic", model=card, hardware=hw, stages=tuple(stages),
-                       static=tuple(static), cap=hw.cap_bytes,
+                       static=tuple(static), cap=cap_bytes(hw, job, static),
                        bytes_per_param=job_bytes_per_param(job),
                        links=link_costs(card, hw, job))  # fmt: skip

@@ -240,9 +240,11 @@ class HardwareCard:
     """Dense FP8 tensor-core peak, 1e12 FLOP/s (0: no FP8 tensor cores)."""
     fp8_gemm_efficiency: float = 0.0
     """Fraction of the FP8 peak Float8 training GEMMs reach (> 0 when there is an FP8 peak)."""
-    memory_overhead: float = 1.0
-    """The caching allocator's reserved bytes per allocated byte at the peak (>= 1):
-    frameworks report max reserved memory."""
+    pipeline_fragmentation: float = 0.0
+    """The caching allocator's reserved-over-allocated bytes per byte that comes and goes
+    within a pipelined step (activations, accumulated gradients: freed first in, first out
+    between long-lived allocations); a fitted constant where a card sets it
+    (:mod:`pp_opt.profiler.memory_breakdown`)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -272,8 +274,8 @@ class HardwareCard:
             raise ProblemError(
                 "hardware.fp8_gemm_efficiency", "give a fraction in (0, 1] with fp8_peak_tflops"
             )
-        if self.memory_overhead < 1:
-            raise ProblemError("hardware.memory_overhead", "is reserved / allocated; give >= 1")
+        if self.pipeline_fragmentation > 1:
+            raise ProblemError("hardware.pipeline_fragmentation", "is a fraction; give 0 to 1")
         if self.reserve_gib >= self.hbm_gib:
             raise ProblemError("hardware.reserve_gib", "must be smaller than hbm_gib")
 
@@ -283,9 +285,9 @@ class HardwareCard:
 
     @property
     def cap_bytes(self) -> float:
-        """The memory cap a device gets, in allocated bytes: HBM minus the reserve, over the
-        allocator's ``memory_overhead`` (so that the reserved bytes fit)."""
-        return self.usable_bytes / self.memory_overhead
+        """The memory cap a device gets: HBM minus the reserve (a pipelined job's profile
+        lowers it by the allocator's fragmentation, :func:`memory_breakdown.cap_bytes`)."""
+        return self.usable_bytes
 
     @property
     def usable_bytes(self) -> float:

@@ -23,8 +23,12 @@ Sources (scripts/published/NOTES.md, "FSDP with pipeline parallelism", has the l
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pp_opt.errors import ProblemError
+
+if TYPE_CHECKING:
+    from pp_opt.job import Job
 
 MASTER_BYTES = 4.0
 """fp32 sharded parameter (FSDP2 keeps the original dtype; torchtitan builds fp32 models)."""
@@ -32,6 +36,22 @@ SHARDED_GRAD_BYTES = 4.0
 """fp32 sharded gradient (the reduce-scatter output, ``reduce_dtype`` float32)."""
 ADAM_BYTES = 8.0
 """AdamW's ``exp_avg`` and ``exp_avg_sq`` in fp32."""
+
+
+SHARD_OVER_CP = True
+"""torchtitan applies FSDP over the ``dp_shard_cp`` mesh (``dp_shard x cp``,
+``parallelize_llama.py:79-94`` at 9dec370; the same in 0.3.0), so a context-parallel group
+shards the parameters, gradients and optimizer state too, even with ``dp_shard`` 1."""
+
+
+def fsdp_shard(job: Job) -> int:
+    """The FSDP shard degree of ``job``: ``dp_shard x cp`` (:data:`SHARD_OVER_CP`)."""
+    return job.dp_shard * (job.cp if SHARD_OVER_CP else 1)
+
+
+def fsdp_on(job: Job) -> bool:
+    """Parameters, gradients and optimizer state sharded FSDP-style (a shard degree > 1)."""
+    return fsdp_shard(job) > 1
 
 
 def _degree(field: str, value: int) -> None:

@@ -31,21 +31,18 @@ from pp_opt.profiler.costs import StageCost
 from pp_opt.profiler.formulas import (
     LayerShape,
     attention_core_flops,
-    embedding_params,
-    head_params,
     layer_activation_bytes,
     layer_flops,
-    layer_params,
     linear_flops,
 )
-from pp_opt.profiler.fsdp import sharded_state_bytes, unsharded_bytes
+from pp_opt.profiler.fsdp import fsdp_shard, sharded_state_bytes
 from pp_opt.profiler.kernels import (
     elementwise_bytes,
     fp8_cast_bytes,
     tp_collective_bytes,
     tp_exposed_s,
 )
-from pp_opt.profiler.stacks import load_stack_card
+from pp_opt.profiler.memory_breakdown import static_terms
 
 FORMULA_MODES = ("none", "selective")
 """Checkpointing modes :mod:`formulas` counts itself; the others start from ``none``."""
@@ -136,68 +133,18 @@ def context_parallel_unit(
 
 
 def device_fixed_bytes(
-    card: ModelCard, job: Job, stages: Sequence[StageCost], transients: Sequence[float],
-    per_param: float, *, expert_per_param: float | None = None,
+    card: ModelCard, job: Job, stages: Sequence[StageCost],
+    transients: Sequence[tuple[float, float]], per_param: float,
 ) -> list[float]:  # fmt: skip
-    """Per device, what it holds beside its activations (bytes):
-
-    * weights, gradients and optimizer state: ``per_param`` bytes per parameter (FSDP:
-      :func:`fsdp.sharded_state_bytes`, ``16 / dp_shard``), ``expert_per_param`` per routed
-      expert parameter (sharded over the expert data-parallel ranks);
-    * FSDP: the unsharded parameters (bf16, or FP8 with FP8 all-gather) of every stage under
-      a pipeline, whose stages keep them from their first forward to their last backward,
-      and the fp32 gradients they accumulate (all counted: a bound, the schedule's peak
-      subtracts what is not yet held, :func:`held_gradient_bytes`); without a pipeline two
-      layers' and the root's (embedding, output layer) gathered parameters;
-    * the largest re-run transient of its stages' layers (``transients``, per stage);
-    * with FSDP (torchtitan's runtime: FSDP2 under ``torch.distributed.pipelining``), a
-      pipeline's receive buffers: torch's pipeline stage allocates one activation and one
-      gradient buffer per microbatch (``_prepare_forward_infra(num_microbatches)`` and
-      ``_setup_backward_recv_info``), and the last stage keeps every microbatch's output (its
-      logits, ``output_chunks``) until the step ends.
-    """
-    fixed = [0.0] * job.pp
-    m, t = job.microbatches, job.tp
-    tokens = job.mbs * job.seq / job.cp
-    message = card.dtype_bytes * tokens * card.hidden / t
-    last = len(stages) - 1
-    for s, st in enumerate(stages):
-        d = st.device
-        experts = st.expert_params
-        fixed[d] += (st.params - experts) * per_param + experts * (
-            per_param if expert_per_param is None else expert_per_param
-        )
-        gathered = st.params - (experts if job.edp == 1 else 0.0)  # experts not sharded stay
-        if _holds_unsharded(job):
-            fixed[d] += unsharded_bytes(gathered, param_bytes=1.0 if job.fp8_all_gather else 2.0)
-        if job.fsdp and job.pp > 1:  # torchtitan's runtime: FSDP2 on torch.distributed.pipelining
-            fixed[d] += m * message * ((s > 0) + (s < last))
-            if s == last:
-                fixed[d] += m * card.dtype_bytes * tokens * card.vocab / t
-    for d in range(job.pp):
-        fixed[d] += max((x for st, x in zip(stages, transients, strict=True) if st.device == d),
-                        default=0.0)  # fmt: skip
-    if job.fsdp and not _holds_unsharded(job):
-        root = (embedding_params(card) + head_params(card)) / t
-        fixed[0] += unsharded_bytes(2 * layer_params(card) / t + root, with_grads=False)
-    return fixed
-
-
-def _holds_unsharded(job: Job) -> bool:
-    """A pipelined FSDP job whose stack keeps gathered weights across the step."""
-    return job.fsdp and job.pp > 1 and load_stack_card(job.stack).fsdp_holds_unsharded
-
-
-def held_gradient_bytes(job: Job, stage: StageCost) -> float:
-    """fp32 unsharded gradients a pipelined FSDP stage holds from its first backward to its
-    last (FSDP2 accumulates them in the reduce dtype while gradient sync is off; 0 otherwise)."""
-    if not _holds_unsharded(job):
-        return 0.0
-    gathered = stage.params - (stage.expert_params if job.edp == 1 else 0.0)
-    return unsharded_bytes(gathered, param_bytes=0.0)
+    """Per device, what it holds beside its activations (bytes): the sum of its static terms
+    (:func:`memory_breakdown.static_terms`: state, FSDP's unsharded parameters and, as a
+    bound, the fp32 gradients a pipelined stage accumulates, torch pipelining's receive
+    buffers and the last stage's logits, the largest backward transient, the allocator's
+    cached all-gather buffers)."""
+    return [sum(t.values()) for t in static_terms(card, job, stages, transients, per_param)]
 
 
 def sharded_bytes_per_param(job: Job) -> float:
     """FSDP's static bytes per parameter: fp32 master, gradient and two moments over the
-    shard degree."""
-    return sharded_state_bytes(1.0, shard=job.dp_shard)
+    shard degree (``dp_shard x cp``)."""
+    return sharded_state_bytes(1.0, shard=fsdp_shard(job))

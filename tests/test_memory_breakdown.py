@@ -1,0 +1,62 @@
+"""Issue 40: a rank's peak memory from named terms that add up to it, no total multiplier."""
+
+from __future__ import annotations
+
+import pytest
+
+from pp_opt.planner.predict import predict
+from pp_opt.profiler.cards import load_hardware_card
+from pp_opt.profiler.memory_breakdown import TERMS, breakdown_table, largest_term
+
+T5 = dict(model="llama3.1-405b", hardware="h100-96gb-500w", gpus=512, global_batch=256,
+          seq=8192, tp=8, pp=8, dp_shard=8, mbs=4, ac="full", fp8=True, compile=True,
+          async_tp=True)  # fmt: skip
+T1 = dict(model="llama3-8b", hardware="h100-96gb-500w", gpus=8, global_batch=16, seq=8192,
+          dp_shard=8, mbs=2, ac="selective_op")  # fmt: skip
+
+
+@pytest.mark.parametrize("kwargs", [T1, {**T5, "schedule": "1F1B"},
+                                    {**T5, "schedule": "Interleaved1F1B"}])  # fmt: skip
+def test_breakdown_adds_up_to_the_peak(kwargs: dict) -> None:
+    got = predict(**kwargs)
+    assert len(got.memory_breakdown) == len(got.peak_memory)
+    for rank, peak in zip(got.memory_breakdown, got.peak_memory, strict=True):
+        total = sum(rank[t] for t in TERMS)
+        assert total == pytest.approx(peak, rel=5e-3)
+        assert rank["reserved"] == pytest.approx(peak, rel=1e-9)
+        assert rank["allocated"] == pytest.approx(total - rank["allocator"], rel=1e-9)
+        assert all(rank[t] >= 0 for t in TERMS)
+    assert got.to_dict()["memory_breakdown"][0]["reserved"] == got.peak_memory[0]
+    assert "reserved" in breakdown_table(got.memory_breakdown)
+
+
+def test_the_terms_the_issue_names_apply() -> None:
+    fsdp = predict(**T1).memory_breakdown[0]
+    for term in ("parameters", "gradients", "optimizer_state", "fsdp_unsharded_params",
+                 "activations", "loss", "allocator"):  # fmt: skip
+        assert fsdp[term] > 0, term
+    pipelined = predict(**T5, schedule="1F1B").memory_breakdown
+    for term in ("fsdp_accumulated_grads", "pipeline_buffers", "recompute_buffer"):
+        assert pipelined[1][term] > 0, term
+    assert pipelined[-1]["output_logits"] > 0 and pipelined[0]["output_logits"] == 0
+    assert largest_term(pipelined[1]).startswith("fsdp_accumulated_grads ")
+
+
+def test_no_multiplier_on_the_total() -> None:
+    """Without a pipeline the reserved peak is the allocated one plus FSDP's cached
+    all-gather buffers; the card has no total multiplier any more."""
+    hw = load_hardware_card("h100-96gb-500w")
+    assert not hasattr(hw, "memory_overhead")
+    rank = predict(**T1).memory_breakdown[0]
+    assert rank["reserved"] - rank["allocated"] == pytest.approx(rank["allocator"])
+    assert rank["allocator"] < 0.05 * rank["reserved"]
+
+
+def test_context_parallel_shards_the_state() -> None:
+    """torchtitan shards FSDP over dp_shard x cp: static state falls with cp."""
+    base = dict(model="llama3-8b", hardware="h100-96gb-500w", gpus=8, global_batch=1,
+                dp_shard=1, mbs=1, ac="full", fp8=True, compile=True)  # fmt: skip
+    got = predict(**base, seq=262144, cp=8).memory_breakdown[0]
+    ref = predict(**{**base, "global_batch": 8, "dp_shard": 8}, seq=32768).memory_breakdown[0]
+    for term in ("parameters", "gradients", "optimizer_state"):
+        assert got[term] == pytest.approx(ref[term], rel=1e-6)
