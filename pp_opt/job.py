@@ -1,7 +1,7 @@
 """One training job's parallel layout and settings: what a cost profile is made for.
 
 The profiler, the planner and the command line all describe a configuration with one
-:class:`Job` (DESIGN.md section 8; names follow torchtitan's where it has one). A new
+:class:`Job` (docs/design.md §8; names follow torchtitan's where it has one). A new
 setting is one new field here, with its check in :meth:`Job.__post_init__` and its cost in
 the profiler's formulas.
 """
@@ -172,7 +172,7 @@ class Job:
 
     @property
     def m(self) -> int:
-        """``microbatches`` (DESIGN.md's ``m``)."""
+        """``microbatches`` (``m`` in docs/design.md)."""
         return self.microbatches
 
     @property

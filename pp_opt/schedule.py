@@ -64,7 +64,7 @@ class SolverInfo:
 
 @dataclass(kw_only=True, slots=True)
 class Metrics:
-    """The metrics of DESIGN.md §4."""
+    """The metrics of docs/design.md §4."""
 
     makespan: float
     span: list[float]

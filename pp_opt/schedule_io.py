@@ -1,4 +1,4 @@
-"""Schedule JSON (DESIGN.md §5): ``"format": "pp-opt.schedule"``, version 1.
+"""Schedule JSON (docs/design.md §5): ``"format": "pp-opt.schedule"``, version 1.
 
 Writing is deterministic and loading keeps every value as written, so a
 schedule loaded and saved again gives the same bytes.
@@ -25,7 +25,7 @@ _METRIC_KEYS = ("makespan", "span", "bubble_rate", "idle_fraction", "peak_memory
 
 
 def schedule_to_dict(schedule: Schedule, *, rows: bool = True) -> dict[str, Any]:
-    """The schedule as the JSON data of DESIGN.md §5 (each device's ``ops`` empty unless
+    """The schedule as the JSON data of docs/design.md §5 (each device's ``ops`` empty unless
     ``rows``)."""
     solver = schedule.solver
     solver_dict = {k: getattr(solver, k) for k in _SOLVER_KEYS} | solver.extra

@@ -38,7 +38,7 @@ STANDARD: dict[str, dict[str, int]] = {
     "llama3-8b": dict(pp=4, microbatches=16, mbs=1),
     "llama3-70b": dict(pp=8, microbatches=32, mbs=1, tp=4),
 }
-PAPER = {  # DESIGN.md section 7, A100 (ms)
+PAPER = {  # docs/design.md §7, A100 (ms)
     "zb-1.5b": (18.52, 18.09, 9.34),
     "zb-6.2b": (29.72, 29.44, 19.93),
     "zb-14.6b": (11.35, 11.25, 8.13),

@@ -2,7 +2,7 @@
 
 Parts (``--parts``, comma separated):
 
-- ``configs``: the four Zero Bubble configurations of DESIGN.md §7 at caps
+- ``configs``: the four Zero Bubble configurations of docs/design.md §7 at caps
   ``p·M_B`` and ``2p·M_B``, objectives ``span`` and ``makespan``, placements
   ``loop`` (v = 1) and ``v``: every classic schedule and pp_opt.
 - ``offload``: ``t_f = t_b = t_w = 1``, ``t_comm = 0.05``, ``p = 8``, ``m = 32``,
