@@ -9,6 +9,7 @@ a few seconds each. Every name of ``pp_opt.__all__`` has an API reference entry.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -81,3 +82,43 @@ def test_runnable_example(workdir: Path, page: str, index: int, language: str, c
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=workdir, env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, f"docs/{page}#{index} failed:\n{done.stdout}\n{done.stderr}"
+
+
+def _schema_validator(name: str):  # noqa: ANN202
+    """A validator of ``docs/schemas/NAME.schema.json`` that resolves the other schemas."""
+    jsonschema = pytest.importorskip("jsonschema")
+    referencing = pytest.importorskip("referencing")
+    schemas = {p.name: json.loads(p.read_text()) for p in (DOCS / "schemas").glob("*.json")}
+    registry = referencing.Registry().with_resources(
+        (key, referencing.Resource.from_contents(value)) for key, value in schemas.items()
+    )
+    schema = schemas[f"{name}.schema.json"]
+    return jsonschema.Draft202012Validator(schema, registry=registry)
+
+
+def test_schemas_describe_the_files_pp_opt_writes(workdir: Path) -> None:
+    from pp_opt.schedule_io import schedule_to_dict
+
+    problem = pp_opt.load_problem("examples/small.toml")
+    schedule = pp_opt.baseline("zb-h1", problem.replace(offload=True))
+    pp_opt.save_schedule(schedule, "s.json")
+    costs = pp_opt.profile_job(pp_opt.Job(pp=2, microbatches=4, seq=1024), model="llama2-7b",
+                               hardware="a100-80gb").to_dict()  # fmt: skip
+    fits = pp_opt.predict(model="llama3-8b", hardware="h100-80gb", gpus=8, global_batch=32,
+                          seq=8192, pp=4, dp_shard=2, schedule="1F1B", ac="full")  # fmt: skip
+    over = pp_opt.predict(model="llama3-8b", hardware="h100-80gb", gpus=8, global_batch=32,
+                          seq=8192, pp=4, dp_shard=2, schedule="1F1B")  # fmt: skip
+    pins = pp_opt.Pins(tp=(1,), pp=(2,), v=(1,), placement=("loop",), mbs=(1,), recompute=False,
+                       offload=False)  # fmt: skip
+    plan = pp_opt.plan(model="llama2-7b", hardware="a100-80gb", gpus=2, global_batch=4, seq=1024,
+                       pins=pins, time_limit=4, splits=1, refine_top=0)  # fmt: skip
+    files = {
+        "plan": plan.to_dict(),
+        "schedule": json.loads(Path("s.json").read_text()),
+        "problem": schedule_to_dict(schedule)["problem"],
+        "costs": costs,
+        "prediction": fits.to_dict(),
+    }
+    for name, data in [*files.items(), ("prediction", over.to_dict())]:
+        errors = [e.message for e in _schema_validator(name).iter_errors(data)]
+        assert errors == [], f"{name}: {errors[:3]}"
