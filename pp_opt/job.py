@@ -38,7 +38,13 @@ def microbatch_count(*, global_batch: int, dp: int, mbs: int) -> int:
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Job:
-    """The parallel layout and training settings of one configuration of a training job."""
+    """The parallel layout and training settings of one configuration of a training job.
+
+    One vocabulary for the profiler (:func:`pp_opt.profile_job`), the planner (a candidate
+    is a job plus the search's switches), the exporters (torchtitan's fields, Megatron-LM's
+    flags) and the command line. Every field is checked when the job is made; an error
+    names the field and the fix.
+    """
 
     pp: int
     """Pipeline devices ``p`` (each one tensor-parallel group of ``tp`` GPUs)."""

@@ -268,6 +268,12 @@ def loads_schedule(text: str) -> Schedule:
 
 
 def load_schedule(path: str | Path) -> Schedule:
+    """The schedule in the JSON file at ``path`` (``"format": "pp-opt.schedule"``), checked.
+
+    Loading does not validate it (:func:`pp_opt.validate` does); a file that is not a
+    schedule, or holds a wrong value, raises :class:`~pp_opt.errors.ProblemError` naming the
+    field.
+    """
     path = existing_file(path, "schedule JSON")
     try:
         return loads_schedule(read_text(path, "schedule JSON"))

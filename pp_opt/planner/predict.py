@@ -136,10 +136,53 @@ def predict(
     fp8_all_gather: bool | None = None, full_layers: tuple[int, ...] = (),
     time_limit: float = 10.0,
 ) -> Prediction:  # fmt: skip
-    """Evaluate one fully pinned configuration (see :mod:`pp_opt.predict`).
+    """Evaluate one fully pinned configuration, exactly as a plan evaluates its candidates.
 
-    ``schedule``: ``pp_opt`` (solved within ``time_limit`` seconds) or one of PyTorch's
-    names (:func:`schedule_names`). ``fp8_all_gather`` None: on with Float8 and FSDP.
+    The analytic cost profile of the job, its schedule (solved, or PyTorch's by name), and
+    the step time, throughput, MFU and peak memory that follow. A plan is the search over
+    what this evaluates, so a prediction checked against a real run says how far to trust a
+    plan.
+
+    Parameters
+    ----------
+    model, hardware
+        Card names (``pp-opt models`` lists the bundled ones), card paths, or loaded cards.
+    gpus, global_batch, seq
+        GPUs of the job, sequences per optimizer step, sequence length.
+    tp, pp, cp, dp_shard, dp_replicate
+        Tensor, pipeline, context and data-parallel degrees (FSDP shards over ``dp_shard``,
+        replicates over ``dp_replicate``); their product must be ``gpus``.
+    mbs
+        Sequences per microbatch; the microbatches are ``global_batch / (dp * mbs)``.
+    schedule
+        ``pp_opt`` (solved within ``time_limit`` seconds) or one of PyTorch's names
+        (:func:`schedule_names`: ``1F1B``, ``Interleaved1F1B``, ``ZBVZeroBubble``, ...).
+    v, placement
+        Chunks per device and ``loop`` or ``v``; None: what the schedule implies.
+    layers
+        Decoder layers per stage; None: torchtitan's split for PyTorch's schedules, an even
+        one for ``pp_opt``.
+    ac, full_layers
+        Activation checkpointing (``none``, ``selective``, ``selective_op``, ``full``), and
+        fully checkpointed layers per stage.
+    fp8, compile, async_tp, fp8_all_gather
+        Float8 linear layers, torch.compile, AsyncTP, and Float8 FSDP all-gathers (None: on
+        with Float8 and FSDP).
+    time_limit
+        Seconds for the ``pp_opt`` solve.
+
+    Returns
+    -------
+    Prediction
+        Step time (ms), tokens per second per GPU, MFU, peak memory per pipeline rank
+        (bytes), and the schedule's status; a configuration that does not fit has no
+        figures and a ``note`` saying why.
+
+    Raises
+    ------
+    ProblemError
+        For a bad argument, named with the fix (degrees that do not multiply to ``gpus``, a
+        batch the microbatches do not divide, a schedule the placement cannot run).
     """
     _check_arguments(dict(
         model=model, hardware=hardware, gpus=gpus, global_batch=global_batch, seq=seq, tp=tp,
