@@ -387,11 +387,17 @@ def write_markdown(path: Path, rows: list[dict], argv: list[str] | None) -> None
     from bench_markdown import fixed, percent, table, text, write
 
     columns = [("instance", "instance", text), ("schedule", "schedule", text),
-               ("status", "status", text), ("makespan", "makespan", fixed(2)),
-               ("span", "span", fixed(2)), ("bubble_rate", "bubble rate", fixed(4)),
-               ("published", "published", fixed(4)), ("peak_memory", "peak", fixed(3)),
-               ("lower_bound", "lower bound", fixed(2)), ("gap", "gap", percent(2)),
-               ("seconds", "seconds", fixed(1))]  # fmt: skip
+               ("ops", "ops", text), ("cap", "cap", text), ("anchor", "anchor", fixed(2)),
+               ("v-half", "V-Half", fixed(2)), ("v-min", "V-Min", fixed(2)),
+               ("zb-v", "ZB-V", fixed(2)), ("status", "status", text),
+               ("needs", "needs cap", fixed(3)),
+               ("makespan", "makespan", fixed(2)), ("span", "span", fixed(2)),
+               ("bubble_rate", "bubble rate", fixed(4)), ("published", "published", fixed(4)),
+               ("below_anchor", "below anchor", percent(1)),
+               ("vs_reference", "vs reference", percent(1)), ("offloads", "offloads", text),
+               ("peak_memory", "peak", fixed(3)), ("lower_bound", "lower bound", fixed(2)),
+               ("gap", "gap", percent(2)), ("seconds", "seconds", fixed(1)),
+               ("wall", "wall s", fixed(1))]  # fmt: skip
     shown = [c for c in columns if any(row.get(c[0]) is not None for row in rows)]
     write(path, [("", table(rows, shown))], argv)
 
