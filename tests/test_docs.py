@@ -1,6 +1,7 @@
 """The documentation's examples run: every page of ``docs/`` has at least one fenced block
 marked runnable (an HTML comment ``<!-- runnable -->`` on the line before its fence), and
-each such block runs as it is, in a fresh folder that has ``examples/`` in it.
+each such block runs as it is, in a fresh folder that has ``examples/`` and ``scripts/``
+in it.
 
 Python blocks run in this process (solves too: ``PP_OPT_IN_PROCESS=1``), bash blocks in
 ``bash -euo pipefail`` with this environment's ``pp-opt`` first on ``PATH``. Keep them small:
@@ -60,7 +61,8 @@ def test_every_public_name_has_an_api_entry() -> None:
 
 @pytest.fixture
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    for folder in ("examples", "scripts"):
+        (tmp_path / folder).symlink_to(ROOT / folder)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PP_OPT_IN_PROCESS", "1")
     return tmp_path
