@@ -1,4 +1,5 @@
-# Two entry points for a fresh machine with Python 3.11: `make demo` and `make test`.
+# Two entry points for a fresh machine with Python 3.11: `make demo` and `make test`
+# (`make docs` builds the documentation site).
 # Each creates .venv on first use: make demo installs pp_opt with its plots; make test and
 # make lint add the rest. torch==2.13.0 is installed before them, on its own, because that
 # exact pin is a local CPU build; any other spec may pull a multi-GB CUDA build.
@@ -12,7 +13,7 @@ OUT    ?= out
 TT_VENV ?= .venv-torchtitan
 TT_PIP  := $(TT_VENV)/bin/python -m pip install --quiet -c $(TT_VENV)/constraints.txt
 
-.PHONY: venv test-venv torchtitan-venv demo test lint bench clean
+.PHONY: venv test-venv torchtitan-venv demo test lint docs bench clean
 
 venv: $(VENV)/.installed
 
@@ -48,6 +49,17 @@ $(VENV)/.test-installed: $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet -c $(VENV)/constraints.txt megatron-core==0.16.1
 	touch $@
 
+# The documentation tools (the docs extra) on top of what make demo installs: mkdocs imports
+# pp_opt's command line for its reference page, and reads the package's docstrings.
+$(VENV)/.docs-installed: $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	touch $@
+
+# The site in site/, strict: a broken link, page or API reference fails the build. Run as
+# `python -m mkdocs` from here, so that this checkout's pp_opt is the one documented.
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --quiet
+
 demo: venv
 	mkdir -p $(OUT)
 	$(BIN)/pp-opt compare examples/zb-1.5b.toml --time-limit 20
@@ -82,4 +94,4 @@ bench: venv
 	$(BIN)/python scripts/bench_solvers.py
 
 clean:
-	rm -rf $(VENV) $(TT_VENV) $(OUT) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TT_VENV) $(OUT) site .pytest_cache .mypy_cache .ruff_cache

@@ -46,7 +46,7 @@ def build_dag(
     offload: bool | None = None,
     recompute: bool | None = None,
 ) -> nx.DiGraph:
-    """Every op of one iteration and the edges between them (DESIGN.md §3).
+    """Every op of one iteration and the edges between them (docs/design.md §3).
 
     The keyword switches override the problem's own (baselines run a fused
     backward whatever the problem says, for example). Prefer :func:`dag_for`, which
@@ -81,7 +81,7 @@ def build_dag(
     f, b = keys[OpKind.F], keys[back]
 
     def links(s: int, j: int) -> list[tuple[OpKey, OpKey, int, int]]:
-        """The edges of stage ``s``, microbatch ``j`` (DESIGN.md §3), with their stages."""
+        """The edges of stage ``s``, microbatch ``j`` (docs/design.md §3), with their stages."""
         out = [(f[s - 1][j], f[s][j], s - 1, s)] if s > 0 else []
         out.append((b[s + 1][j], b[s][j], s + 1, s) if s < last else (f[s][j], b[s][j], s, s))
         if split:

@@ -1,11 +1,12 @@
 """One training job's parallel layout and settings: what a cost profile is made for.
 
 The profiler, the planner and the command line all describe a configuration with one
-:class:`Job` (names follow torchtitan's where it has one). A field is declared here once,
-with its type, default, check, help text and label (:class:`JobOption` in its metadata);
-``Pins``, :func:`pp_opt.planner.predict.predict`, the CLI options of ``predict``, ``plan``
-and ``profile`` and the file serialisers derive from these declarations
-(:func:`job_options`), so a new setting is one field here plus its cost in the profiler.
+:class:`Job` (docs/design.md §8; names follow torchtitan's where it has one). A field is
+declared once here, with its type, default, check, help text and label (:class:`JobOption`
+in its metadata); ``Pins``, :func:`pp_opt.planner.predict.predict`, the CLI options of
+``predict``, ``plan`` and ``profile`` and the file serialisers derive from these
+declarations (:func:`job_options`), so a new setting is one field here plus its cost in the
+profiler.
 """
 
 from __future__ import annotations
@@ -92,7 +93,13 @@ def microbatch_count(*, global_batch: int, dp: int, mbs: int) -> int:
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Job:
-    """The parallel layout and training settings of one configuration of a training job."""
+    """The parallel layout and training settings of one configuration of a training job.
+
+    One vocabulary for the profiler (:func:`pp_opt.profile_job`), the planner (a candidate
+    is a job plus the search's switches), the exporters (torchtitan's fields, Megatron-LM's
+    flags) and the command line. Every field is checked when the job is made; an error
+    names the field and the fix.
+    """
 
     pp: int = required("Pipeline-parallel degree (1: no pipeline).", low=1, core=True)
     """Pipeline devices ``p`` (each one tensor-parallel group of ``tp`` GPUs)."""

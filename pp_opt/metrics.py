@@ -1,4 +1,4 @@
-"""Metrics of DESIGN.md §4 and memory over time, computed from timed ops."""
+"""Metrics of docs/design.md §4 and memory over time, computed from timed ops."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Op kinds and streams, and the one place that says what an op costs (DESIGN.md §3).
+"""Op kinds and streams, and the one place that says what an op costs (docs/design.md §3).
 
 Solvers, simulator, validator and exporters all ask :func:`duration` and
 :func:`memory_delta`; nothing else may restate these rules.

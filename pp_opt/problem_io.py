@@ -193,7 +193,7 @@ def stage_row(st: Stage) -> dict[str, Any]:
 
 
 def problem_to_dict(problem: Problem) -> dict[str, Any]:
-    """The JSON form of DESIGN.md §5 (the ``problem`` object of a schedule)."""
+    """The JSON form of docs/design.md §5 (the ``problem`` object of a schedule)."""
     stages = [stage_row(st) for st in problem.stages]
     out: dict[str, Any] = {
         "name": problem.name,

@@ -64,7 +64,7 @@ class SolverInfo:
 
 @dataclass(kw_only=True, slots=True)
 class Metrics:
-    """The metrics of DESIGN.md §4."""
+    """The metrics of docs/design.md §4."""
 
     makespan: float
     span: list[float]
@@ -77,7 +77,12 @@ class Metrics:
 
 @dataclass(kw_only=True, slots=True)
 class Schedule:
-    """A timed schedule of one problem."""
+    """A timed schedule of one problem: every op with its start and end, the metrics they
+    imply, and how the schedule was made (``solver``).
+
+    Schedules come from :func:`pp_opt.solve`, :func:`pp_opt.baseline`,
+    :func:`pp_opt.simulate` and :func:`pp_opt.load_schedule`; :func:`pp_opt.validate`
+    re-checks one, and :func:`pp_opt.save_schedule` writes it (valid ones only)."""
 
     problem: Problem
     ops: tuple[ScheduledOp, ...]

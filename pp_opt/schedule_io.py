@@ -1,4 +1,4 @@
-"""Schedule JSON (DESIGN.md §5): ``"format": "pp-opt.schedule"``, version 1.
+"""Schedule JSON (docs/design.md §5): ``"format": "pp-opt.schedule"``, version 1.
 
 Writing is deterministic and loading keeps every value as written, so a
 schedule loaded and saved again gives the same bytes.
@@ -25,7 +25,7 @@ _METRIC_KEYS = ("makespan", "span", "bubble_rate", "idle_fraction", "peak_memory
 
 
 def schedule_to_dict(schedule: Schedule, *, rows: bool = True) -> dict[str, Any]:
-    """The schedule as the JSON data of DESIGN.md §5 (each device's ``ops`` empty unless
+    """The schedule as the JSON data of docs/design.md §5 (each device's ``ops`` empty unless
     ``rows``)."""
     solver = schedule.solver
     solver_dict = {k: getattr(solver, k) for k in _SOLVER_KEYS} | solver.extra
@@ -268,6 +268,12 @@ def loads_schedule(text: str) -> Schedule:
 
 
 def load_schedule(path: str | Path) -> Schedule:
+    """The schedule in the JSON file at ``path`` (``"format": "pp-opt.schedule"``), checked.
+
+    Loading does not validate it (:func:`pp_opt.validate` does); a file that is not a
+    schedule, or holds a wrong value, raises :class:`~pp_opt.errors.ProblemError` naming the
+    field.
+    """
     path = existing_file(path, "schedule JSON")
     try:
         return loads_schedule(read_text(path, "schedule JSON"))

@@ -203,7 +203,7 @@ def _device_waits(own: Sequence[ScheduledOp], slack: float) -> list[tuple[OpKey,
         for stream, others in ended.items():
             if stream is op.stream:
                 continue
-            # Ops that end by op's start, as the time rule counts it (DESIGN.md §5).
+            # Ops that end by op's start, as the time rule counts it (docs/design.md §5).
             count = bisect_left(
                 ends[stream], True, key=lambda e: not counts_before(e, op.start, slack)
             )
@@ -224,7 +224,7 @@ def retime(schedule: Schedule, *, solver: SolverInfo | None = None) -> Schedule:
 
 
 def align(schedule: Schedule) -> Schedule:
-    """The schedule with the times that are meant to be equal written equal (DESIGN.md §5).
+    """The schedule with the times that are meant to be equal written equal (docs/design.md §5).
 
     An op that starts within the time rule's slack of an end it waits for (a DAG
     predecessor's end plus its latency, an op of its own device, the copy before it on a

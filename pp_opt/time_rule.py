@@ -1,4 +1,4 @@
-"""The one rule for comparing times (DESIGN.md §5), used by everything that reads them.
+"""The one rule for comparing times (docs/design.md §5), used by everything that reads them.
 
 Times are checked to :data:`TIME_TOLERANCE` of the schedule's latest end: an op may
 start that much before what it waits for ends, and a free that lands that much after an

@@ -14,8 +14,9 @@ Parts (``--parts``, comma separated; each runs ``pp-opt plan`` as a user would):
 - ``unpinned``: ``--gpus 8 --global-batch 64 --seq 8192 --time-limit 600``: every legal
   configuration evaluated or pruned within the limit; the counts.
 
-Prints a table and writes JSON (``--json``). The machine should be quiet: the plans solve
-in parallel (``--workers``, default 2). Example::
+Prints a table and writes JSON (``--json``), and Markdown for the docs (``--markdown``: the
+checks and each plan's top 5, under the command, commit, date and machine). The machine
+should be quiet: the plans solve in parallel (``--workers``, default 2). Example::
 
     python scripts/bench_plan.py --parts pinned,resolve --out bench-plan --json bench-plan.json
 """
@@ -211,6 +212,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench-plan"))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--markdown", type=Path, help="Write the checks and top 5s as Markdown.")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     parts = {
@@ -244,6 +246,29 @@ def main() -> None:
         print(f"unpinned: {u['wall_s']:.1f} s, counts {u['counts']}, pruned {u['pruned']}")
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
+    if args.markdown is not None:
+        write_markdown(args.markdown, report)
+
+
+def write_markdown(path: Path, report: dict[str, Any]) -> None:
+    """The checks of every part, then each plan's command, wall time and top 5."""
+    from bench_markdown import fixed, table, text, write
+
+    checks = [{"part": name, "check": check, "result": "ok" if ok else "FAILED"}
+              for name, part in report.items() for check, ok in part["checks"].items()]  # fmt: skip
+    sections = [("Checks", table(checks, [("part", "part", text), ("check", "check", text),
+                                          ("result", "result", text)]))]  # fmt: skip
+    for name, part in report.items():
+        top = part.get("top5") or part.get("top5_ray")
+        if not top:
+            continue
+        rows = [{"rank": i, "config": " ".join(f"{k}={v}" for k, v in c["config"].items()),
+                 "step_time": c["step_time"]} for i, c in enumerate(top, 1)]  # fmt: skip
+        body = (f"`{part['command']}`: {part['wall_s']:.1f} s.\n\n"
+                + table(rows, [("rank", "#", text), ("config", "configuration", text),
+                               ("step_time", "step time ms", fixed(1))]))  # fmt: skip
+        sections.append((f"{name}: top 5", body))
+    write(path, sections)
 
 
 if __name__ == "__main__":

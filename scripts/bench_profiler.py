@@ -8,6 +8,7 @@ a Llama-style card instead (times then say nothing about a GPU; the bytes and th
 versus full backward check still hold). Everything goes to a JSON file as well.
 
     .venv/bin/python scripts/bench_profiler.py [-o bench_profiler.json] [--repeats 10]
+    .venv/bin/python scripts/bench_profiler.py --no-measure --markdown analytic.md   # the docs
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from pp_opt.errors import PPOptError
 from pp_opt.profiler import load_hardware_card, load_model_card, profile_costs
 from pp_opt.profiler.analytic import layer_times
 from pp_opt.profiler.cards import bundled_cards, model_card_from_dict
@@ -38,7 +40,7 @@ STANDARD: dict[str, dict[str, int]] = {
     "llama3-8b": dict(pp=4, microbatches=16, mbs=1),
     "llama3-70b": dict(pp=8, microbatches=32, mbs=1, tp=4),
 }
-PAPER = {  # DESIGN.md section 7, A100 (ms)
+PAPER = {  # docs/design.md §7, A100 (ms)
     "zb-1.5b": (18.52, 18.09, 9.34),
     "zb-6.2b": (29.72, 29.44, 19.93),
     "zb-14.6b": (11.35, 11.25, 8.13),
@@ -56,7 +58,11 @@ def analytic_rows() -> list[dict[str, Any]]:
             card = load_model_card(name)
             stages = layout["pp"] * layout.get("v", 1)
             layout["layers"] = suggest_split(card.layers, stages)
-            data = profile_costs(model=name, hardware=hw, **layout)
+            try:
+                data = profile_costs(model=name, hardware=hw, **layout)
+            except PPOptError as err:  # a card too large for this layout (llama3.1-405b)
+                print(f"skipped {name} on {hw}: {err}")
+                continue
             mid = data["stages"][len(data["stages"]) // 2]
             row = {"model": name, "hardware": hw, "layout": layout, "middle_stage": mid,
                    "t_comm": data["t_comm"],
@@ -158,6 +164,7 @@ def main() -> None:
     parser.add_argument("-o", "--output", type=Path, default=Path("bench_profiler.json"))
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--no-measure", action="store_true", help="analytic only")
+    parser.add_argument("--markdown", type=Path, help="Write the analytic table as Markdown.")
     args = parser.parse_args()
     rows = analytic_rows()
     print_analytic(rows)
@@ -170,6 +177,31 @@ def main() -> None:
     print_measured(measured)
     args.output.write_text(json.dumps({"analytic": rows, "measured": measured}, indent=1) + "\n")
     print(f"\nwrote {args.output}")
+    if args.markdown:
+        write_markdown(args.markdown, rows)
+
+
+def write_markdown(path: Path, rows: list[dict[str, Any]]) -> None:
+    """The analytic costs of a middle stage as the docs show them (ms and GiB)."""
+    from bench_markdown import fixed, table, text, write
+
+    shown = []
+    for r in rows:
+        mid, lay, paper = r["middle_stage"], r["layout"], r.get("paper")
+        shown.append({
+            "model": r["model"], "hardware": r["hardware"],
+            "layout": f"pp{lay['pp']} tp{lay.get('tp', 1)} mbs{lay['mbs']} m{lay['microbatches']}",
+            "t_f": mid["t_f"], "t_b": mid["t_b"], "t_w": mid["t_w"],
+            "m_b": mid["m_b"] / GIB, "m_w": mid["m_w"] / GIB, "static": r["static_gib"],
+            "paper": f"{paper['t_f']} / {paper['t_b']} / {paper['t_w']}" if paper else None,
+        })  # fmt: skip
+    columns = [("model", "model", text), ("hardware", "hardware", text),
+               ("layout", "layout", text), ("t_f", "t_f ms", fixed(2)),
+               ("t_b", "t_b ms", fixed(2)), ("t_w", "t_w ms", fixed(2)),
+               ("m_b", "m_b GiB", fixed(2)), ("m_w", "m_w GiB", fixed(2)),
+               ("static", "static GiB", fixed(1)),
+               ("paper", "Zero Bubble paper t_f / t_b / t_w", text)]  # fmt: skip
+    write(path, [("", table(shown, columns))])
 
 
 if __name__ == "__main__":

@@ -254,6 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", nargs="*", help="Row ids (default: all).")
     parser.add_argument("--json", type=Path, help="Write the results and checks as JSON.")
     parser.add_argument("--fit", action="store_true", help="Fit the card, write it, then report.")
+    parser.add_argument("--markdown", type=Path, help="Write the table as Markdown (the docs).")
     args = parser.parse_args(argv)
     rows = load_rows(args.rows)
     hw = None
@@ -273,6 +274,29 @@ def main(argv: list[str] | None = None) -> None:
         payload = {"rows": results, "checks": verdict, "moe_rows": moe}
         args.json.write_text(json.dumps(payload, indent=1) + "\n")
         print(f"wrote {args.json}")
+    if args.markdown:
+        write_markdown(args.markdown, results, verdict, argv)
+
+
+def write_markdown(path: Path, results: list[dict[str, Any]], verdict: dict[str, Any],
+                   argv: list[str] | None) -> None:  # fmt: skip
+    """The rows as the docs show them: measured against predicted, with the checks."""
+    from bench_markdown import fixed, table, text, write
+
+    fitted = {row for ids in FIT_ROWS.values() for row in ids}
+    rows = [{**r, "row": r["id"] + (" (fitted)" if r["id"] in fitted else ""),
+             "m": r["microbatches"], "v": r["stages_per_rank"]} for r in results]  # fmt: skip
+    columns = [("row", "row", text), ("schedule", "schedule", text), ("m", "m", text),
+               ("v", "stages/rank", text), ("measured_tps", "TPS/GPU measured", text),
+               ("predicted_tps", "predicted", fixed(0)), ("tps_ratio", "ratio", fixed(3)),
+               ("measured_gib", "GiB measured", fixed(1)), ("predicted_gib", "predicted", fixed(1)),
+               ("memory_ratio", "ratio", fixed(3))]  # fmt: skip
+    median = verdict.get("median_abs_tps_error")
+    ranked = verdict["ranked_as_measured"]
+    summary = (f"Median absolute TPS error {median:.1%}; every row within 15% in TPS: "
+               f"{verdict['tps_within_15pct']}, in memory: {verdict['memory_within_15pct']}; "
+               f"ranked as measured within each table: {ranked}.")  # fmt: skip
+    write(path, [("", table(rows, columns)), ("", summary)], argv)
 
 
 if __name__ == "__main__":

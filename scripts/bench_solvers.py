@@ -2,7 +2,9 @@
 
 Parts (``--parts``, comma separated):
 
-- ``configs``: the four Zero Bubble configurations of DESIGN.md §7 at caps
+- ``paper``: the classic schedules on the four Zero Bubble configurations, simulated with the
+  paper's costs, beside the paper's bubble rates (docs/design.md §7); no solve, a few seconds.
+- ``configs``: the four Zero Bubble configurations of docs/design.md §7 at caps
   ``p·M_B`` and ``2p·M_B``, objectives ``span`` and ``makespan``, placements
   ``loop`` (v = 1) and ``v``: every classic schedule and pp_opt.
 - ``offload``: ``t_f = t_b = t_w = 1``, ``t_comm = 0.05``, ``p = 8``, ``m = 32``,
@@ -23,7 +25,8 @@ Parts (``--parts``, comma separated):
   (``k`` = 0.5 and 1) against the same instance without offload at ZB-V's full cap, and
   idle fractions against PipeOffload's at the same cap.
 
-Prints a table and writes JSON (``--json``). Example::
+Prints a table and writes JSON (``--json``), and Markdown for the docs (``--markdown``, with the
+command, commit, date and machine). Example::
 
     python scripts/bench_solvers.py --parts configs --time-limit 20 --json bench.json
 """
@@ -132,6 +135,32 @@ def part_configs(args: argparse.Namespace) -> list[dict]:
                     problem = with_cap(shaped, cap).replace(objective=objective)
                     name = f"{config} {placement} cap={factor}p {objective}"
                     rows += run_instance(name, problem, args)
+    return rows
+
+
+PAPER_RATES = {
+    "zb-1.5b": {"1f1b": 0.2431, "zb-h1": 0.1585, "zb-h2": 0.1083, "zb-v": 0.0702,
+                "interleaved-1f1b": 0.1395},
+    "zb-6.2b": {"1f1b": 0.2347, "zb-h1": 0.1323, "zb-h2": 0.0698},
+    "zb-14.6b": {"1f1b": 0.2552, "zb-h1": 0.1397, "zb-h2": 0.0672},
+    "zb-28.3b": {"1f1b": 0.2646, "zb-h1": 0.1421, "zb-h2": 0.0641},
+}  # fmt: skip
+"""The Zero Bubble paper's bubble rates (its Table and docs/design.md §7; ZB-V and
+interleaved 1F1B on the 1.5B costs from the same simulation)."""
+PAPER_SCHEDULES = ("1f1b", "zb-h1", "zb-h2", "zb-v", "interleaved-1f1b")
+
+
+def part_paper(args: argparse.Namespace) -> list[dict]:
+    """Each classic schedule at the paper's costs, its bubble rate beside the published one."""
+    rows = []
+    for config in args.configs:
+        problem = load_problem(ROOT / "examples" / f"{config}.toml")
+        for name in PAPER_SCHEDULES:
+            t0 = time.perf_counter()
+            row = row_of(config, name, baseline(name, problem), time.perf_counter() - t0)
+            row["published"] = PAPER_RATES.get(config, {}).get(name)
+            print_row(row)
+            rows.append(row)
     return rows
 
 
@@ -328,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fractions", default="1.0", help="Offload fractions, e.g. 0.5,1.0.")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--v-offload-m", default="", help="m of --parts v-offload, e.g. 16,32.")
+    parser.add_argument("--markdown", type=Path, default=None, help="Write the rows as Markdown.")
     args = parser.parse_args(argv)
     args.configs = [c for c in args.configs.split(",") if c]
     args.scale_p = [int(x) for x in args.scale_p.split(",") if x]
@@ -335,8 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     args.fractions = tuple(float(x) for x in args.fractions.split(","))
     print(" ".join(f"{h:<10}" for h in HEADER))
     rows: list[dict] = []
-    parts = {"configs": part_configs, "offload": part_offload, "scale": part_scale,
-             "tight": part_tight, "offload-target": part_offload_target,
+    parts = {"paper": part_paper, "configs": part_configs, "offload": part_offload,
+             "scale": part_scale, "tight": part_tight, "offload-target": part_offload_target,
              "exact": part_exact, "v-offload": part_v_offload}  # fmt: skip
     for part in args.parts.split(","):
         if part not in parts:
@@ -347,7 +377,29 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({"time_limit": args.time_limit, "threads": args.threads,
                                          "rows": rows}, indent=1))  # fmt: skip
         print(f"wrote {args.json}")
+    if args.markdown is not None:
+        write_markdown(args.markdown, rows, argv)
     return 0
+
+
+def write_markdown(path: Path, rows: list[dict], argv: list[str] | None) -> None:
+    """The rows as the docs show them, under the line that says how they were made."""
+    from bench_markdown import fixed, percent, table, text, write
+
+    columns = [("instance", "instance", text), ("schedule", "schedule", text),
+               ("ops", "ops", text), ("cap", "cap", text), ("anchor", "anchor", fixed(2)),
+               ("v-half", "V-Half", fixed(2)), ("v-min", "V-Min", fixed(2)),
+               ("zb-v", "ZB-V", fixed(2)), ("status", "status", text),
+               ("needs", "needs cap", fixed(3)),
+               ("makespan", "makespan", fixed(2)), ("span", "span", fixed(2)),
+               ("bubble_rate", "bubble rate", fixed(4)), ("published", "published", fixed(4)),
+               ("below_anchor", "below anchor", percent(1)),
+               ("vs_reference", "vs reference", percent(1)), ("offloads", "offloads", text),
+               ("peak_memory", "peak", fixed(3)), ("lower_bound", "lower bound", fixed(2)),
+               ("gap", "gap", percent(2)), ("seconds", "seconds", fixed(1)),
+               ("wall", "wall s", fixed(1))]  # fmt: skip
+    shown = [c for c in columns if any(row.get(c[0]) is not None for row in rows)]
+    write(path, [("", table(rows, shown))], argv)
 
 
 if __name__ == "__main__":

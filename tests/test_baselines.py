@@ -25,7 +25,7 @@ def baseline_order(name: str, problem: Problem) -> Order:
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
-# Zero Bubble paper, DESIGN.md §7: (example, 1F1B, ZB-H1, ZB-H2).
+# Zero Bubble paper, docs/design.md §7: (example, 1F1B, ZB-H1, ZB-H2).
 PUBLISHED = [
     ("zb-1.5b", 0.2431, 0.1585, 0.1083),
     ("zb-6.2b", 0.2347, 0.1323, 0.0698),
@@ -70,7 +70,7 @@ def test_interleaved_1f1b_on_the_1_5b_costs() -> None:
     assert schedule.metrics.bubble_rate == pytest.approx(0.1395, abs=0.002)
 
 
-# Closed forms with t_comm = 0 (DESIGN.md §7); costs (t_f, t_b, t_w) and the
+# Closed forms with t_comm = 0 (docs/design.md §7); costs (t_f, t_b, t_w) and the
 # (p, m) where each is exact: 1F1B and GPipe always; ZB-H1 for m >= p and
 # t_w <= t_f; ZB-H2 for m >= 2p - 1, t_w <= t_f and 2 t_w <= t_f + t_b.
 COSTS = [(1.0, 1.0, 1.0), (2.0, 3.0, 1.0), (3.0, 1.0, 2.0), (1.5, 2.0, 0.5)]

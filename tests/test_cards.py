@@ -112,7 +112,7 @@ def test_card_files_by_path_and_bad_names(tmp_path) -> None:
 
 def test_hardware_numbers_are_consistent() -> None:
     a100, h100, h200 = (load_hardware_card(n) for n in ("a100-80gb", "h100-80gb", "h200"))
-    assert a100.d2h_gbs == 15.0 and h100.d2h_gbs == 21.0  # DESIGN.md section 7
+    assert a100.d2h_gbs == 15.0 and h100.d2h_gbs == 21.0  # docs/design.md §7
     assert h200.hbm_gib > h100.hbm_gib == a100.hbm_gib == 80.0
     assert h200.hbm_gbs > h100.hbm_gbs > a100.hbm_gbs
     assert a100.cap_bytes == (80.0 - a100.reserve_gib) * 2**30

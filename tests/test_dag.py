@@ -1,4 +1,4 @@
-"""The op DAG: node set, edges and latencies per DESIGN.md §3."""
+"""The op DAG: node set, edges and latencies per docs/design.md §3."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from pp_opt.problem_io import load_problem
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TOML_FILES = sorted(EXAMPLES.glob("*.toml"))
 
-# (p, m, t_f, t_b, t_w, t_comm, m_w): DESIGN.md §7 and the files' comments.
+# (p, m, t_f, t_b, t_w, t_comm, m_w): docs/design.md §7 and the files' comments.
 EXPECTED = {
     "small": (4, 8, 1.0, 1.0, 1.0, 0.05, 0.5),
     "zb-1.5b": (8, 24, 18.52, 18.09, 9.34, 0.60, 0.366),

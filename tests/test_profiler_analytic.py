@@ -13,7 +13,7 @@ from pp_opt.profiler import load_model_card, profile_costs, profile_problem
 from pp_opt.profiler.formulas import LayerShape, layer_activation_bytes, layer_flops
 from pp_opt.profiler.layer_split import suggest_split
 
-# DESIGN.md section 7: the Zero Bubble paper's A100 profiles (ms) at its layouts (p, m, mbs).
+# docs/design.md §7: the Zero Bubble paper's A100 profiles (ms) at its layouts (p, m, mbs).
 PAPER = {
     "zb-1.5b": (8, 24, 6, (18.52, 18.09, 9.34)),
     "zb-6.2b": (8, 24, 3, (29.72, 29.44, 19.93)),
@@ -60,7 +60,7 @@ def test_plain_layer_matches_the_zero_bubble_formulas(name: str) -> None:
 
 
 def test_design_md_memory_ratios_and_stage_profile() -> None:
-    for name, ratio in (("zb-1.5b", 0.366), ("zb-6.2b", 0.281)):  # DESIGN.md section 7
+    for name, ratio in (("zb-1.5b", 0.366), ("zb-6.2b", 0.281)):  # docs/design.md §7
         st = _paper_profile(name)["stages"][1]
         assert st["m_w"] / st["m_b"] == pytest.approx(ratio, abs=0.001)
 

@@ -1,4 +1,4 @@
-"""Schedule JSON: DESIGN.md §5 shape, byte-identical round trips, clear errors."""
+"""Schedule JSON: docs/design.md §5 shape, byte-identical round trips, clear errors."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from pp_opt.problem import Problem, uniform_problem
 from pp_opt.schedule import Schedule
 
 TESTED_TORCH = ("2.13.",)
-"""PyTorch versions whose underscore pipelining APIs these tests pin (DESIGN.md §6)."""
+"""PyTorch versions whose underscore pipelining APIs these tests pin (docs/design.md §6)."""
 
 
 def offload_problem(**kw) -> Problem:

@@ -1,5 +1,5 @@
 """The Zero Bubble paper's greedy schedulers as warm starts: the paper's bubble rates
-(DESIGN.md §7) on the 1.5B configuration, valid schedules under the caps."""
+(docs/design.md §7) on the 1.5B configuration, valid schedules under the caps."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""PyTorch pipelining CSV (DESIGN.md §6): the per-rank action order that
+"""PyTorch pipelining CSV (docs/design.md §6): the per-rank action order that
 ``torch.distributed.pipelining._PipelineScheduleRuntime._load_csv`` runs.
 
 One row per rank; each cell is ``{stage}{type}{microbatch}`` with ``F`` forward,
@@ -280,7 +280,7 @@ def _insert_receives(problem: Problem, blocks: dict[int, list[_Block]], slack: f
     A receive goes before the first block that starts at or after its send time,
     never after the compute op that consumes it, and receives from one peer keep
     the order of that peer's sends (point-to-point messages match in order). A send up to
-    the time rule's ``slack`` after a block's start counts as before it (DESIGN.md §5).
+    the time rule's ``slack`` after a block's start counts as before it (docs/design.md §5).
     """
     incoming: dict[int, list[_Recv]] = {}
     for rank, rank_blocks in blocks.items():

@@ -1,6 +1,6 @@
 """A configuration as a training job takes it: torchtitan's config keys, Megatron-LM's flags.
 
-Both take a :class:`~pp_opt.job.Job` with its layers split (DESIGN.md section 8): ``pp``
+Both take a :class:`~pp_opt.job.Job` with its layers split (docs/design.md §8): ``pp``
 devices, ``v`` chunks per device on the ``loop`` or ``v`` placement, and ``layers``, the
 decoder layers of each stage in stage order (``len(layers) == pp * v``), with the embedding
 on stage 0 and the final norm and output layer on the last stage; the microbatches and the

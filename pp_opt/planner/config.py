@@ -13,7 +13,7 @@ from pp_opt.profiler.cards import HardwareCard, ModelCard
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class PlanInputs:
-    """One training job: the model, the GPUs and the batch (DESIGN.md section 8)."""
+    """One training job: the model, the GPUs and the batch (docs/design.md §8)."""
 
     model: ModelCard
     """The model card."""

@@ -142,13 +142,47 @@ def predict(
     global_batch: int, seq: int, schedule: str = SOLVED_NAME, time_limit: float = 10.0,
     **fields: Any,
 ) -> Prediction:  # fmt: skip
-    """Evaluate one fully pinned configuration (see :mod:`pp_opt.predict`).
+    """Evaluate one fully pinned configuration, exactly as a plan evaluates its candidates.
 
-    ``schedule``: ``pp_opt`` (solved within ``time_limit`` seconds) or one of PyTorch's
-    names (:func:`schedule_names`). ``fields``: the configuration, as :class:`Job` fields
-    (``tp``, ``pp``, ``cp``, ``dp_shard``, ``dp_replicate``, ``mbs``, ``v``, ``placement``,
-    ``layers``, ``ac``, ``fp8``, ``compile``, ``async_tp``, ``ep``, ... :data:`PREDICT_FIELDS`);
-    each left out takes the Job's default (``v``: the schedule's).
+    The analytic cost profile of the job, its schedule (solved, or PyTorch's by name), and
+    the step time, throughput, MFU and peak memory that follow. A plan is the search over
+    what this evaluates, so a prediction checked against a real run says how far to trust a
+    plan.
+
+    Parameters
+    ----------
+    model, hardware
+        Card names (``pp-opt models`` lists the bundled ones), card paths, or loaded cards.
+    gpus, global_batch, seq
+        GPUs of the job, sequences per optimizer step, sequence length.
+    schedule
+        ``pp_opt`` (solved within ``time_limit`` seconds) or one of PyTorch's names
+        (:func:`schedule_names`: ``1F1B``, ``Interleaved1F1B``, ``ZBVZeroBubble``, ...).
+    time_limit
+        Seconds for the ``pp_opt`` solve.
+    **fields
+        The configuration as :class:`~pp_opt.job.Job` fields (:data:`PREDICT_FIELDS`), each
+        left out at the Job's default: the degrees ``tp``, ``pp``, ``cp``, ``dp_shard``,
+        ``dp_replicate`` (their product must be ``gpus``); ``mbs`` (the microbatches are
+        ``global_batch / (dp * mbs)``); ``v`` and ``placement`` (None: what the schedule
+        implies); ``layers`` (None: torchtitan's split for PyTorch's schedules, an even one
+        for ``pp_opt``); ``ac`` and ``full_layers``; ``fp8``, ``compile``, ``async_tp``,
+        ``fp8_all_gather``; the expert settings ``ep``, ``etp``, ``dispatcher``,
+        ``expert_imbalance``; ``mtp``; the training ``stack``.
+
+    Returns
+    -------
+    Prediction
+        Step time (ms), tokens per second per GPU, MFU, peak memory per pipeline rank
+        (bytes, as the stack reports it), and the schedule's status; a configuration that
+        does not fit has no figures and a ``note`` saying why.
+
+    Raises
+    ------
+    ProblemError
+        For a bad argument, named with the fix (degrees that do not multiply to ``gpus``, a
+        batch the microbatches do not divide, a schedule the placement cannot run, a field
+        predict does not take).
     """
     card_types = (str, Path)
     of_type("model", model, (*card_types, ModelCard), "a model card's name or path")

@@ -1,4 +1,4 @@
-"""From one pipeline's schedule to the step time of the whole job (DESIGN.md section 8).
+"""From one pipeline's schedule to the step time of the whole job (docs/design.md §8).
 
 ``step_time = iteration_makespan + dp_sync + optimizer_step``:
 

@@ -56,8 +56,28 @@ def profile_job(
 ) -> CostProfile:
     """The cost profile of ``job`` (layers split evenly unless it gives them).
 
-    ``measuring``: ``repeats``, ``warmup``, ``threads``, ``concurrent`` of a measured profile
-    (see :func:`profile_of`).
+    Every command and function that needs costs comes here, so the same configuration gets
+    the same costs from ``profile``, ``solve --model``, ``predict`` and ``plan``.
+
+    Parameters
+    ----------
+    job
+        The configuration: degrees, chunks and placement, microbatches, layers per stage,
+        activation checkpointing and kernel options.
+    model, hardware
+        Card names, card paths or loaded cards; ``hardware`` None: ``cpu`` when measuring,
+        else an error.
+    measure
+        Time each stage with PyTorch instead of the analytic formulas (needs ``torch``).
+    measuring
+        ``repeats``, ``warmup``, ``threads``, ``concurrent`` of a measured profile (see
+        :func:`profile_of`).
+
+    Returns
+    -------
+    CostProfile
+        Per-stage times (ms) and memory (bytes), links and static memory;
+        :func:`problem_from_profile` makes the problem a solver takes.
     """
     of_type("job", job, Job, "a pp_opt Job")
     of_type("model", model, (str, Path, ModelCard), "a model card's name or path, or a ModelCard")

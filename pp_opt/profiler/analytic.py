@@ -6,7 +6,7 @@ transposes): ``passes x bytes / (HBM bandwidth x hbm_efficiency)``, where ``byte
 layer's saved activations that scale with ``s b h`` (the score matrix excluded). W is pure GEMM.
 
 The pass counts were fit once, to the Zero Bubble paper's A100 profile of its 1.5B model
-(DESIGN.md section 7), and checked on the other three models, which they reproduce to 3%
+(docs/design.md §7), and checked on the other three models, which they reproduce to 3%
 (``t_f : t_b : t_w`` ratios and absolute times alike); fitting the score-matrix traffic too gave
 it a zero weight (Megatron's fused softmax), so it is left out. Absolute times on other GPUs
 rest on their cards' efficiency estimates.

@@ -1,4 +1,4 @@
-"""Per-layer FLOPs, activation bytes and parameters of a decoder layer (DESIGN.md section 3).
+"""Per-layer FLOPs, activation bytes and parameters of a decoder layer (docs/design.md §3).
 
 The Zero Bubble paper gives, per plain GPT layer (``h`` hidden, ``s`` sequence, ``b``
 microbatch size, ``a`` heads, bf16, dropout, attention that keeps its score matrix):

@@ -1,4 +1,4 @@
-"""Run pp_opt schedules with PyTorch's pipeline runtime, offload included (DESIGN.md §6).
+"""Run pp_opt schedules with PyTorch's pipeline runtime, offload included (docs/design.md §6).
 
 Needs PyTorch (the ``torch`` extra); the rest of pp_opt does not import it.
 

@@ -1,7 +1,7 @@
 """Run a pp_opt schedule on ``PipelineStage``s through PyTorch's own pipeline runtime.
 
 :func:`build_pipeline_schedule` returns a ``_PipelineScheduleRuntime`` whose
-action order is the schedule's (DESIGN.md §6), with two action types PyTorch
+action order is the schedule's (docs/design.md §6), with two action types PyTorch
 lacks, ``OFFLOAD`` and ``RELOAD``, executed by an
 :class:`~pp_opt.runtime.offload.ActivationOffloader`. A training loop then reads
 like PyTorch's own: ``pipe.step(x, target=y, losses=losses)`` on every rank.

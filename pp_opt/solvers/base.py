@@ -40,7 +40,7 @@ class SolveOptions:
     seed: int = 0
     """Random seed; the same seed and threads give the same schedule."""
     objective: str = "makespan"
-    """``makespan`` or ``span`` (DESIGN.md §4)."""
+    """``makespan`` or ``span`` (docs/design.md §4)."""
     warm_start: Schedule | None = None
     """A valid schedule to start from (a hint); the answer is never worse than it."""
     progress: ProgressCallback | None = None

@@ -49,7 +49,7 @@ def validate(schedule: Schedule, *, tol: float = TIME_TOLERANCE) -> list[Violati
     schedule
         A timed schedule with its problem and stored metrics.
     tol
-        Relative tolerance (the time rule's 1e-7, DESIGN.md §5, unless given): times are
+        Relative tolerance (the time rule's 1e-7, docs/design.md §5, unless given): times are
         compared within ``tol * max(1, latest time)`` and a free that lands that much
         after an allocation counts as before it (:mod:`pp_opt.time_rule`); memory within
         ``tol * max(1, largest cap)``. Rounding in a solver's times is not reported, real

@@ -12,7 +12,7 @@ from pp_opt.validator.violation import Violation
 
 
 def expected_metrics(ctx: Context) -> dict[str, float | list[float]]:
-    """The metrics of DESIGN.md §4 as the ops imply them (placed ops only)."""
+    """The metrics of docs/design.md §4 as the ops imply them (placed ops only)."""
     p = ctx.problem.p
     first = min(op.start for op in ctx.placed)
     makespan = max(op.end for op in ctx.placed) - first

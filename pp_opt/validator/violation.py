@@ -72,7 +72,7 @@ class Violation:
 
 
 class ValidationError(PPOptError):
-    """A schedule broke a rule of DESIGN.md; ``violations`` lists each one.
+    """A schedule broke a rule of docs/design.md; ``violations`` lists each one.
 
     ``action`` (``export``, ``save``, ``show``) is set when the error refuses to hand the
     schedule out; the message then says how to do it anyway (``force``).

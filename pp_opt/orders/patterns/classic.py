@@ -6,7 +6,7 @@
   rank ``i`` runs ``p - 1 - i`` warm-up forwards, then alternates one forward and
   one fused backward, then drains the backwards. Peak memory ``p`` activations.
   With the Zero Bubble paper's A100 costs this order reproduces its 1F1B bubble
-  rates (DESIGN.md §7).
+  rates (docs/design.md §7).
 - ``interleaved-1f1b`` (Narayanan et al., 2021, §2.2, "interleaved schedule";
   the order of Megatron-LM and of PyTorch's ``ScheduleInterleaved1F1B``): ``v``
   chunks per rank on the ``loop`` placement. Microbatches go in rounds of about

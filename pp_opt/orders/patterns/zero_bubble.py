@@ -21,7 +21,7 @@ the ``W`` ops to fill the bubbles of 1F1B.
 The tail of ZB-H2 (how many ``W`` each rank holds back) is not spelled out in
 the paper; ``2i`` on rank ``i`` is the choice that keeps the peak at ``2p - 1``
 activations for any ``m_w`` and reproduces the paper's published bubble rates
-(DESIGN.md §7) with the simulator.
+(docs/design.md §7) with the simulator.
 
 With ``t_comm = 0`` the bubbles above (``max span - busy`` of the busiest device)
 are exact when ``t_w <= t_f`` and ``m >= p`` (ZB-H1), and when ``t_w <= t_f``,

@@ -1,4 +1,4 @@
-"""The CP-SAT objective: makespan or the largest per-device span (DESIGN.md §4)."""
+"""The CP-SAT objective: makespan or the largest per-device span (docs/design.md §4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The objective: ``makespan`` or ``span`` (DESIGN.md §4), with load bounds that help the LP."""
+"""The objective: ``makespan`` or ``span`` (docs/design.md §4), with load bounds for the LP."""
 
 from __future__ import annotations
 
