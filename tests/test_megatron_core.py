@@ -22,18 +22,37 @@ CONFIGS: list[dict[str, Any]] = [
     dict(tp=1, pp=4, v=1, layers=[8, 9, 7, 8], recompute=False),
     dict(tp=1, pp=4, v=1, layers=[8] * 4, recompute=False, full_layers=(3,) * 4),
     dict(tp=1, pp=4, v=1, layers=[8] * 4, recompute=False, ac="selective"),
+    dict(
+        tp=2,
+        pp=4,
+        v=1,
+        layers=[8] * 4,
+        recompute=False,
+        ac="modules:layernorm,moe_act",
+        dp=16,
+        ep=32,
+        dispatcher="deepep",
+    ),
+    dict(
+        tp=1, pp=4, v=1, layers=[8] * 4, recompute=False, dp=8, ep=8, etp=1, dispatcher="alltoall"
+    ),
 ]
 
 
 def _printed() -> set[str]:
     flags: set[str] = set()
     for c in CONFIGS:
-        job = Job(pp=c["pp"], v=c["v"], tp=c["tp"], layers=tuple(c["layers"]), mbs=1,
-                  microbatches=16, seq=4096, full_layers=c.get("full_layers", ()),
-                  ac=c.get("ac", "none"))  # fmt: skip
+        job = _job(c)
         printed = megatron_flags(job, n_layers=sum(c["layers"]), recompute=c["recompute"])
         flags |= {f for f in printed if f.startswith("--")}
     return flags
+
+
+def _job(c: dict[str, Any]) -> Job:
+    extra = {k: c[k] for k in ("dp", "ep", "etp", "dispatcher") if k in c}
+    return Job(pp=c["pp"], v=c["v"], tp=c["tp"], layers=tuple(c["layers"]), mbs=1,
+               microbatches=16, seq=4096, full_layers=c.get("full_layers", ()),
+               ac=c.get("ac", "none"), **extra)  # fmt: skip
 
 
 def _fields(config: str) -> set[str]:
@@ -69,20 +88,51 @@ def test_printed_recompute_values_pass_megatron_core_checks() -> None:
 
     seen = set()
     for c in CONFIGS:
-        job = Job(pp=c["pp"], v=c["v"], tp=c["tp"], layers=tuple(c["layers"]), mbs=1,
-                  microbatches=16, seq=4096, full_layers=c.get("full_layers", ()),
-                  ac=c.get("ac", "none"))  # fmt: skip
+        job = _job(c)
         printed = megatron_flags(job, n_layers=sum(c["layers"]), recompute=c["recompute"])
-        values = {
+        values: dict[str, Any] = {
             MEGATRON_FLAGS[f].field: printed[i + 1]
             for i, f in enumerate(printed)
             if f.startswith("--recompute-")
         }
+        if "recompute_modules" in values:  # nargs: every word up to the next flag
+            start = printed.index("--recompute-modules") + 1
+            words = printed[start:]
+            values["recompute_modules"] = [
+                w
+                for w in words[
+                    : next((i for i, w in enumerate(words) if w.startswith("--")), len(words))
+                ]
+            ]
         if not values:
             continue
+        if "recompute_modules" in values:  # Megatron-Core's MoE modules need an MoE layer
+            values.update(num_moe_experts=64, moe_grouped_gemm=True)
         if "recompute_num_layers" in values:
             values["recompute_num_layers"] = int(values["recompute_num_layers"])
         config = TransformerConfig(num_layers=sum(c["layers"]), hidden_size=256,
                                    num_attention_heads=8, **values)  # fmt: skip
         seen.add((config.recompute_granularity, config.recompute_method))
     assert seen == {("full", "uniform"), ("full", "block"), ("selective", None)}
+
+
+def test_printed_expert_flags_pass_megatron_core_checks() -> None:
+    """An MoE job's expert degrees and dispatcher are values megatron-core accepts."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    printed = megatron_flags(_job(CONFIGS[-2]), n_layers=32)
+    at = {f: printed[i + 1] for i, f in enumerate(printed) if f.startswith("--")}
+    assert at["--expert-model-parallel-size"] == "32"
+    assert at["--moe-token-dispatcher-type"] == "flex"
+    assert at["--moe-flex-dispatcher-backend"] == "deepep"
+    assert printed[-2:] == ["layernorm", "moe_act"]
+    config = TransformerConfig(
+        num_layers=32, hidden_size=256, num_attention_heads=8, num_moe_experts=64,
+        moe_router_topk=2, tensor_model_parallel_size=2, sequence_parallel=True,
+        expert_model_parallel_size=32, expert_tensor_parallel_size=1, add_bias_linear=False,
+        moe_token_dispatcher_type="flex",
+        moe_flex_dispatcher_backend="deepep", recompute_granularity="selective",
+        recompute_modules=["layernorm", "moe_act"], moe_grouped_gemm=True,
+    )  # fmt: skip
+    assert config.moe_flex_dispatcher_backend == "deepep"
+    assert not any(f.startswith("--expert") for f in megatron_flags(_job(CONFIGS[0]), n_layers=32))

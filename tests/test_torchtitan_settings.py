@@ -265,3 +265,16 @@ def test_framework_defaults_come_from_the_schedule_facts() -> None:
         fits = pytorch.check_schedule_fits(torchtitan.default_schedule(v), placement="loop", v=v,
                                            with_csv=False)  # fmt: skip
         assert fits.runs_itself
+
+
+def test_expert_parallelism_is_torchtitans_degree() -> None:
+    """torchtitan 0.3.0 takes ``expert_parallel_degree`` from the ``dp_shard x cp x tp`` ranks
+    and has no expert tensor parallelism."""
+    s = _settings(dp=8, dp_shard=8, ep=4)
+    assert s["parallelism"]["expert_parallel_degree"] == 4
+    assert "expert_parallel_degree" not in _settings()["parallelism"]
+    for changes, field in ((dict(dp=8, dp_replicate=8, ep=4), "ep"),
+                           (dict(dp=8, dp_shard=8, ep=4, etp=2), "etp")):  # fmt: skip
+        with pytest.raises(ProblemError) as err:
+            _settings(**changes)
+        assert err.value.field == field

@@ -51,6 +51,7 @@ def torchtitan_settings(
     parallelism: dict[str, Any] = {}
     if job.tp > 1:
         parallelism["tensor_parallel_degree"] = job.tp
+    parallelism.update(expert_keys(job))
     if job.pp > 1:
         name = _schedule_name(job, schedule_csv=schedule_csv, schedule_name=schedule_name)
         fit = check_schedule_fits(
@@ -80,6 +81,22 @@ def torchtitan_settings(
         "activation_checkpoint": mode,
         "activation_checkpoint_value": ac_value,
     }
+
+
+def expert_keys(job: Job) -> dict[str, Any]:
+    """torchtitan 0.3.0's expert parallelism (``config/configs.py``: ``expert_parallel_degree``,
+    ranks borrowed from ``dp_shard x cp x tp``, no expert tensor parallelism)."""
+    if job.etp > 1:
+        raise ProblemError("etp", "torchtitan 0.3.0 has no expert tensor parallelism; use etp 1")
+    if job.ep == 1:
+        return {}
+    dense = job.dp_shard * job.cp * job.tp
+    if dense % job.ep:
+        raise ProblemError(
+            "ep", f"torchtitan borrows expert ranks from dp_shard x cp x tp = {dense}; give an "
+            "ep that divides it",
+        )  # fmt: skip
+    return {"expert_parallel_degree": job.ep}
 
 
 def _schedule_name(job: Job, *, schedule_csv: str | None, schedule_name: str | None) -> str:

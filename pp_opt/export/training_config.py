@@ -54,6 +54,9 @@ def _checkpoint_flags(job: Job, *, recompute: bool) -> tuple[str, ...]:
                 "--recompute-num-layers", str(counts.pop()))  # fmt: skip
     if mode == "selective":
         return ("--recompute-granularity", "selective")
+    if job.recompute_modules:
+        return ("--recompute-granularity", "selective", "--recompute-modules",
+                *job.recompute_modules)  # fmt: skip
     if mode == "selective_op":
         raise ProblemError(
             "ac", "Megatron-LM has no op-level selective checkpointing "
@@ -138,9 +141,11 @@ def megatron_flags(job: Job, *, n_layers: int | None = None, recompute: bool = F
         Full activation recompute of every layer (``--recompute-granularity full
         --recompute-method uniform --recompute-num-layers 1``): Megatron-LM recomputes
         every microbatch, where pp_opt's schedule may recompute only some. Without it the
-        job's own checkpointing gives the flags (:func:`_checkpoint_flags`); torchtitan's
+        job's own checkpointing gives the flags (:func:`_checkpoint_flags`; Megatron-Core's
+        ``modules:...`` as ``--recompute-modules``); torchtitan's
         ``selective_op`` and uneven ``full_layers`` raise :class:`ProblemError` (Megatron-LM
-        cannot run them).
+        cannot run them). An MoE job adds its expert parallelism and dispatcher
+        (:func:`expert_flags`).
 
     Returns
     -------
@@ -166,4 +171,25 @@ def megatron_flags(job: Job, *, n_layers: int | None = None, recompute: bool = F
         "--micro-batch-size", str(job.mbs),
         "--global-batch-size", str(job.global_batch),
     ]  # fmt: skip
-    return flags + list(_checkpoint_flags(job, recompute=recompute))
+    return flags + expert_flags(job) + list(_checkpoint_flags(job, recompute=recompute))
+
+
+MEGATRON_DISPATCHERS = {"alltoall": ("alltoall",), "allgather": ("allgather",),
+                        "deepep": ("flex", "deepep"), "hybridep": ("flex", "hybridep")}  # fmt: skip
+"""pp_opt's dispatcher -> Megatron-Core's ``--moe-token-dispatcher-type`` (and the flex
+dispatcher's ``--moe-flex-dispatcher-backend``)."""
+
+
+def expert_flags(job: Job) -> list[str]:
+    """The expert-parallel flags of an MoE job (``ep`` or ``etp`` above 1, or a dispatcher
+    named): the degrees and the token dispatcher (the stack's default when the job names
+    none); none for a dense job."""
+    if job.ep == 1 and job.etp == 1 and not job.dispatcher:
+        return []
+    from pp_opt.profiler.stacks import load_stack_card
+
+    kind, *backend = MEGATRON_DISPATCHERS[job.dispatcher or load_stack_card(job.stack).dispatcher]
+    flags = ["--expert-model-parallel-size", str(job.ep),
+             "--expert-tensor-parallel-size", str(job.etp),
+             "--moe-token-dispatcher-type", kind]  # fmt: skip
+    return flags + (["--moe-flex-dispatcher-backend", backend[0]] if backend else [])

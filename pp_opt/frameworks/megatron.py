@@ -63,6 +63,16 @@ MEGATRON_FLAGS: dict[str, MegatronFlag] = {
                      config="ModelParallelConfig", field="virtual_pipeline_model_parallel_size",
                      declared="megatron/training/arguments.py:2228, turned into the virtual "
                      "stage count at line 549"),
+        MegatronFlag(flag="--recompute-modules", config="TransformerConfig",
+                     field="recompute_modules", declared=""),
+        MegatronFlag(flag="--expert-model-parallel-size", config="ModelParallelConfig",
+                     field="expert_model_parallel_size", declared=""),
+        MegatronFlag(flag="--expert-tensor-parallel-size", config="ModelParallelConfig",
+                     field="expert_tensor_parallel_size", declared=""),
+        MegatronFlag(flag="--moe-token-dispatcher-type", config="TransformerConfig",
+                     field="moe_token_dispatcher_type", declared=""),
+        MegatronFlag(flag="--moe-flex-dispatcher-backend", config="TransformerConfig",
+                     field="moe_flex_dispatcher_backend", declared=""),
         MegatronFlag(flag="--micro-batch-size", config="", field="",
                      declared="megatron/training/training_config.py:10 (TrainingConfig, "
                      "flags built at arguments.py:2003)"),
