@@ -279,3 +279,37 @@ def test_equal_step_times_rank_by_what_the_candidate_fixes_not_by_the_schedule_f
     failed = Scored(candidate=_candidate(layers=a, v=2, placement="v"), order="solve",
                     status="timeout")  # fmt: skip
     assert sorted([failed, first[0]], key=Scored.sort_key)[-1] is failed
+
+
+def test_the_memory_test_agrees_with_the_split_model() -> None:
+    """:func:`memory_fits` answers, without a solve, whether the split model finds a split at
+    a level; on random models the two agree at every level (and the aggregate test never
+    rejects a model the split model solves)."""
+    import random
+
+    from pp_opt.planner.split import (
+        SplitModel,
+        best_split,
+        fits_in_total,
+        memory_fits,
+        memory_levels,
+    )
+
+    rng = random.Random(3)
+    seen = {True: 0, False: 0}
+    for _ in range(60):
+        p, v = rng.choice([(2, 1), (3, 1), (2, 2), (4, 2)])
+        devices = tuple(s % p for s in range(p * v))
+        layers = rng.randint(p * v, 4 * p * v)
+        unit = (rng.randint(1, 9), rng.randint(1, 9), rng.randint(1, 9), rng.randint(1, 40),
+                rng.randint(0, 40))  # fmt: skip
+        ends = tuple(rng.randint(0, 30) for _ in range(5))
+        model = SplitModel(layers=layers, devices=devices, m=4, layer=unit, first=ends,
+                           last=ends, t_comm=1, room=rng.randint(50, 600),
+                           k=tuple(rng.randint(1, 4) for _ in devices))  # fmt: skip
+        for k in memory_levels(model):
+            found = best_split(model, k) is not None
+            assert memory_fits(model, k) == found
+            assert fits_in_total(model) or not found
+            seen[found] += 1
+    assert seen[True] and seen[False]

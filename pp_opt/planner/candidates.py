@@ -7,7 +7,12 @@ from collections.abc import Sequence
 from pp_opt.job import Job
 from pp_opt.planner.config import Candidate, PlanInputs
 from pp_opt.planner.split import split_candidates, split_model
-from pp_opt.profiler.analytic import job_bytes_per_param, link_costs, unit_costs
+from pp_opt.profiler.analytic import (
+    expert_bytes_per_param,
+    job_bytes_per_param,
+    link_costs,
+    unit_costs,
+)
 
 
 def config_splits(inputs: PlanInputs, job: Job, *, count: int) -> list[tuple[int, ...]]:
@@ -18,7 +23,8 @@ def config_splits(inputs: PlanInputs, job: Job, *, count: int) -> list[tuple[int
     units = unit_costs(inputs.model, inputs.hardware, job)
     t_comm = link_costs(inputs.model, inputs.hardware, job).t_comm
     model = split_model(job, units, layers=layers, bytes_per_param=job_bytes_per_param(job),
-                        cap=inputs.hardware.cap_bytes, t_comm=t_comm)  # fmt: skip
+                        cap=inputs.hardware.cap_bytes, t_comm=t_comm,
+                        expert_bytes_per_param=expert_bytes_per_param(job))  # fmt: skip
     return split_candidates(model, count=count)
 
 

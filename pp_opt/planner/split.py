@@ -152,13 +152,16 @@ def _hops(devices: Sequence[int], stage: int) -> int:
     return sum(1 for s in range(stage) if devices[s] != devices[s + 1])
 
 
-def _units(costs: dict[str, float], bytes_per_param: float) -> tuple[int, int, int, int, int]:
+def _units(costs: dict[str, float], bytes_per_param: float, expert_bytes: float
+           ) -> tuple[int, int, int, int, int]:  # fmt: skip
+    experts = costs.get("expert_params", 0.0)
+    static = (costs["params"] - experts) * bytes_per_param + experts * expert_bytes
     return (
         round(costs["t_f"] * TIME_SCALE),
         round(costs["t_b"] * TIME_SCALE),
         round(costs["t_w"] * TIME_SCALE),
         math.ceil(costs["m_b"] / MEMORY_SCALE),
-        math.ceil(costs["params"] * bytes_per_param / MEMORY_SCALE),
+        math.ceil(static / MEMORY_SCALE),
     )
 
 
@@ -170,15 +173,18 @@ def split_model(
     bytes_per_param: float,
     cap: float,
     t_comm: float,
+    expert_bytes_per_param: float | None = None,
 ) -> SplitModel:
-    """The split problem of ``job`` from the profiler's per-layer costs."""
+    """The split problem of ``job`` from the profiler's per-layer costs (routed experts'
+    static bytes at ``expert_bytes_per_param``, default ``bytes_per_param``)."""
+    experts = bytes_per_param if expert_bytes_per_param is None else expert_bytes_per_param
     return SplitModel(
         layers=layers,
         devices=job.stage_devices,
         m=job.microbatches,
-        layer=_units(units.layer, bytes_per_param),
-        first=_units(units.embedding, bytes_per_param),
-        last=_units(units.head, bytes_per_param),
+        layer=_units(units.layer, bytes_per_param, experts),
+        first=_units(units.embedding, bytes_per_param, experts),
+        last=_units(units.head, bytes_per_param, experts),
         t_comm=round(t_comm * TIME_SCALE),
         room=math.floor(cap / MEMORY_SCALE),
         k=tuple(in_flight(job.placement, job.pp, job.v, job.microbatches)),
@@ -265,12 +271,46 @@ def memory_levels(model: SplitModel) -> list[tuple[int, ...]]:
     return [k for i, k in enumerate(levels) if k not in levels[:i]]
 
 
+def fits_in_total(model: SplitModel) -> bool:
+    """Whether the devices together hold every stage's static memory and one microbatch's
+    activations (a stage's memory is linear in its layers, so the sum over any split is the
+    same): a split-free test that spares the split model the configurations no split fits."""
+    per_layer = model.layer[3] + model.layer[4]
+    ends = model.first[3] + model.first[4] + model.last[3] + model.last[4]
+    return model.layers * per_layer + ends <= model.p * model.room
+
+
+def memory_fits(model: SplitModel, k: Sequence[int]) -> bool:
+    """Whether some split meets every device's memory row at in-flight counts ``k``: exactly
+    when the most layers each device can hold (one per stage, the rest on its stage with
+    the fewest in flight) add up to the model's layers. The split model's other rows only
+    rank splits, so a level this rejects is one :func:`best_split` finds nothing at."""
+    static, m_b = model.layer[4], model.layer[3]
+    most = 0
+    for d in range(model.p):
+        mine = [s for s in range(model.stages) if model.devices[s] == d]
+        used = sum(static + k[s] * m_b for s in mine)
+        used += sum(model.first[4] + k[0] * model.first[3] for s in mine if s == 0)
+        last = model.stages - 1
+        used += sum(model.last[4] + k[last] * model.last[3] for s in mine if s == last)
+        left = model.room - used
+        if left < 0:
+            return False
+        per = static + min(k[s] for s in mine) * m_b
+        most += len(mine) + (left // per if per > 0 else model.layers)
+    return most >= model.layers
+
+
 def split_candidates(model: SplitModel, *, count: int = 3) -> list[tuple[int, ...]]:
     """Up to ``count`` distinct splits: the best and second best at the first level of
     :func:`memory_levels` that fits, then the best at one microbatch per stage when its proxy
     is lower. Empty when no split fits even one microbatch per stage."""
     out: list[tuple[int, ...]] = []
-    levels = memory_levels(model)
+    if not fits_in_total(model):
+        log.debug("%d layers with one microbatch per stage exceed every device together",
+                  model.layers)  # fmt: skip
+        return out
+    levels = [k for k in memory_levels(model) if memory_fits(model, k)]
     for k in levels:
         first = best_split(model, k)
         if first is None:
