@@ -21,6 +21,7 @@ from pp_opt.planner.evaluate import SOLVED, EvaluationTask, Scored
 from pp_opt.planner.executors import Executor, make_executor
 from pp_opt.planner.problems import Bounded, bound_candidate
 from pp_opt.planner.result import Plan
+from pp_opt.planner.screen import screen
 from pp_opt.planner.search import ProgressFn, SearchResult, refine, solve_survivors
 from pp_opt.planner.space import Enumeration, enumerate_configs
 from pp_opt.profiler.cards import HardwareCard, ModelCard, load_hardware_card, load_model_card
@@ -58,8 +59,9 @@ def prepare(
     if not enumeration.configs:
         reasons = ", ".join(sorted(enumeration.skipped)) or "nothing to try"
         raise ProblemError("gpus", f"no legal configuration ({reasons}); change the pins")
-    candidates, unsplit = split_layers(inputs, enumeration.configs, count=splits)
-    pruned: Counter[str] = Counter()
+    configs, screened = screen(inputs, enumeration.configs)
+    candidates, unsplit = split_layers(inputs, configs, count=splits)
+    pruned: Counter[str] = Counter(screened)
     if unsplit:
         pruned[NO_SPLIT] += unsplit
     bounded = [bound_candidate(inputs, c) for c in candidates]
