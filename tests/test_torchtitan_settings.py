@@ -278,3 +278,16 @@ def test_expert_parallelism_is_torchtitans_degree() -> None:
         with pytest.raises(ProblemError) as err:
             _settings(**changes)
         assert err.value.field == field
+
+
+def test_a_plan_torchtitan_cannot_run_is_named_not_exported() -> None:
+    """torchtitan's expert ranks come from dp_shard x cp x tp only, and it has no module
+    checkpointing: such a best plan gets a note and the next one the settings."""
+    from pp_opt.planner.training import _torchtitan_refusal
+
+    plain = Job(pp=2, microbatches=4, seq=64, dp=8, ep=8)
+    assert _torchtitan_refusal(plain).startswith("ep:")
+    assert _torchtitan_refusal(Job(pp=2, microbatches=4, seq=64, ac="modules:moe_act")).startswith(
+        "ac:"
+    )
+    assert _torchtitan_refusal(Job(pp=2, microbatches=4, seq=64, dp=8, dp_shard=8, ep=8)) == ""

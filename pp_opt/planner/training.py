@@ -16,9 +16,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pp_opt.errors import ProblemError
-from pp_opt.export.torchtitan import torchtitan_flags, torchtitan_settings
+from pp_opt.export.torchtitan import expert_keys, torchtitan_flags, torchtitan_settings
 from pp_opt.export.training_config import megatron_flags
 from pp_opt.frameworks import torchtitan as titan
+from pp_opt.job import Job
 from pp_opt.ops import OpKind
 from pp_opt.planner.evaluate import Scored
 from pp_opt.planner.result import Plan
@@ -117,11 +118,15 @@ def plan_training(
         if scored.schedule is None:
             continue
         candidate_schedule = schedule_from_dict(scored.schedule)
+        refusal = _torchtitan_refusal(scored.candidate.job)
         why = _unrunnable(candidate_schedule)
-        if not why:
+        if not why and not refusal:
             chosen, schedule = scored, candidate_schedule
             break
-        if scored is best:
+        if scored is best and refusal:
+            notes.append(f"torchtitan {torchtitan} cannot run the best plan "
+                         f"({best.candidate.label()}): {refusal}")  # fmt: skip
+        elif scored is best:
             notes.append(
                 f"the best plan ({best.candidate.label()}, {best.step_time:.1f} ms) "
                 f"{why}: torchtitan's CSV has no offload, reload or recompute action, so its "
@@ -164,6 +169,18 @@ def plan_training(
         settings["notes"] = notes
     return TorchtitanChoice(scored=chosen, schedule=schedule, fused_backward=fused,
                             settings=settings)  # fmt: skip
+
+
+def _torchtitan_refusal(job: Job) -> str:
+    """Why torchtitan cannot run ``job``'s layout ("" when it can): its expert parallelism
+    borrows only ``dp_shard x cp x tp`` ranks and has no expert TP; Megatron-Core's module
+    checkpointing is not one of its modes."""
+    try:
+        expert_keys(job)
+        titan.job_mode(job.ac)
+    except ProblemError as err:
+        return f"{err.field}: {err.message}"
+    return ""
 
 
 def _fused_note(chosen: Scored, schedule: Schedule, mode: str, notes: list[str]) -> dict[str, Any]:
