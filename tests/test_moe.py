@@ -101,3 +101,14 @@ def test_the_published_moe_runs_are_configurations_pp_opt_accepts() -> None:
     assert set(results) == {row["id"] for row in data["rows"]}
     assert all(r["step_time_ms"] for r in results.values())
     assert abs(results["automodel-deepseek-v3"]["tps_ratio"] - 1) <= 0.15
+
+
+def test_model_flops_count_the_routed_experts_a_token_runs() -> None:
+    """MFU counts 6 x the active parameters per token (37B for DeepSeek-V3, 3.3B for
+    Qwen3-30B-A3B) plus attention's products, not the dense MLP width an MoE card leaves
+    unused."""
+    from pp_opt.profiler.moe import model_flops_per_sequence
+
+    for name, active, attention in (("deepseek-v3", 37.6e9, 0.15), ("qwen3-30b-a3b", 3.4e9, 0.2)):
+        per_token = model_flops_per_sequence(load_model_card(name), 4096) / 4096 / 6
+        assert active < per_token < active * (1 + attention)

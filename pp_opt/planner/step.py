@@ -43,6 +43,8 @@ from pp_opt.profiler.comm import (
 )
 from pp_opt.profiler.formulas import LayerShape, head_flops, layer_flops
 from pp_opt.profiler.fsdp import exposed_per_layer, fsdp_on, fsdp_shard, pipelined_exposed_time
+from pp_opt.profiler.moe import model_flops_per_sequence as moe_model_flops
+from pp_opt.profiler.moe import uses_layer_model
 from pp_opt.schedule import Schedule
 
 GRAD_BYTES = 2.0
@@ -180,6 +182,8 @@ def model_flops_per_sequence(inputs: PlanInputs) -> float:
     """Forward and backward FLOPs of one sequence: every layer's F, B and W, and the output
     layer's three matrix products (recompute not counted)."""
     card, s = inputs.model, inputs.seq
+    if uses_layer_model(card):
+        return moe_model_flops(card, s)
     shape = LayerShape.of(card, s=s, b=1)
     per_layer = sum(layer_flops(shape))
     head = 3 * head_flops(card, s)

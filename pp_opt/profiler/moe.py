@@ -310,3 +310,19 @@ def mtp_costs(card: ModelCard, hw: HardwareCard, job: Job, layer: dict[str, floa
         elif key != "transient":
             out[key] = card.mtp_layers * (layer.get(key, 0.0) + head.get(key, 0.0) + extra)
     return out
+
+
+def model_flops_per_sequence(card: ModelCard, seq: int) -> float:
+    """Forward and backward FLOPs of one sequence through every layer (each token's routed
+    experts only, the shared ones, the router, attention's products over the keys it attends
+    to) and the output layer: ``3 x`` the forward's matrix products, recompute not counted."""
+    att = attention_parts(card)
+    core = 2 * context_length(card, seq) * (att["core_qk"] + att["core_v"])
+    per_token = 0.0
+    for moe, count in ((True, card.moe_layers), (False, card.layers - card.moe_layers)):
+        shared, routed = mlp_width(card, moe)
+        mlp = 2 * 3 * card.hidden * (shared + card.top_k * routed)
+        mlp += 2 * card.hidden * card.experts if moe else 0.0
+        per_token += count * (2 * att["weights"] + core + mlp)
+    per_token += 2 * card.hidden * card.vocab
+    return 3.0 * per_token * seq
