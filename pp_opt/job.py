@@ -62,6 +62,8 @@ class JobOption:
     """Largest legal value of a number (None: no bound)."""
     short: str = ""
     """A one-letter flag beside the long one (``-m``)."""
+    negatable: bool = False
+    """A switch that also has its ``--no-`` flag on every command."""
 
     def flag(self, name: str) -> str:
         """The command-line spelling of field ``name``."""
@@ -199,6 +201,13 @@ class Job:
     """The busiest expert rank's tokens over the mean (published MoE benchmarks force-balance
     the router: 1)."""
 
+    overlap: bool = option(
+        False, "Overlap one microbatch's forward with another's backward on a GPU (F&B pairs: "
+        "DualPipe, Megatron-Core's --overlap-moe-expert-parallel-comm); the solver decides "
+        "which.", plan="allow", negatable=True, label=" overlap",
+    )  # fmt: skip
+    """The run may overlap F&B pairs (docs/design.md §3), hiding each half's communication
+    behind the other's compute where the stack overlaps them."""
     mtp: bool = option(True, "Train the model card's multi-token-prediction modules.",
                        commands=("predict", "profile"), plan="fixed", label=" no-mtp")  # fmt: skip
     """The card's multi-token-prediction modules run (False: trained without them)."""

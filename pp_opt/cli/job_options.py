@@ -83,7 +83,7 @@ def _parameter(name: str, spec: JobOption, command: str) -> inspect.Parameter:
     searched = command == "plan" and spec.plan == "values"
     annotation: Any
     if kind.startswith("bool") and (
-        DEFAULTS[name] is True or (spec.plan == "both" and command == "plan")
+        DEFAULTS[name] is True or spec.negatable or (spec.plan == "both" and command == "plan")
     ):
         flags = [f"{spec.flag(name)}/--no-{spec.flag(name)[2:]}"]
         annotation, default = bool | None, typer.Option(None, *flags, help=spec.help)
@@ -129,7 +129,8 @@ def with_job_options(command: str, *, skip: tuple[str, ...] = ()) -> Callable[..
 
 def _pinned_off(name: str, command: str) -> bool:
     """A False that says something: a ``--no-`` flag, not an absent switch."""
-    return DEFAULTS[name] is True or (command == "plan" and FIELDS[name].plan == "both")
+    spec = FIELDS[name]
+    return DEFAULTS[name] is True or spec.negatable or (command == "plan" and spec.plan == "both")
 
 
 def _value(name: str, value: Any, spec: JobOption, command: str) -> Any:
