@@ -24,7 +24,7 @@ from pp_opt.arguments import a_schedule, a_solver_info, of_type, optional
 from pp_opt.dag import dag_for, required_ops, stage_latency, successors
 from pp_opt.errors import DeadlockError, ProblemError
 from pp_opt.metrics import compute_metrics
-from pp_opt.ops import OpKey, OpKind, Stream, duration, stream_of
+from pp_opt.ops import STREAM_ORDER, OpKey, OpKind, Stream, duration, resource_of, stream_of
 from pp_opt.order import Order, Streams
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo, Status, execution_order_key
@@ -248,10 +248,10 @@ def align(schedule: Schedule) -> Schedule:
     moved: dict[int, ScheduledOp] = {}
     for op in sorted(schedule.ops, key=execution_order_key):
         device = problem.device_of(op.stage)
-        group = None if op.stream is Stream.COMPUTE else problem.link_group(device)
+        resource = resource_of(problem, device, op.stream)
         lanes: list[object] = [(device, op.stream)]
-        if group is not None:
-            lanes.append(("link", group, op.stream))
+        if resource[0] == "link":
+            lanes.append(resource)
         anchors = [(ends[u][0] + lag(u.stage, op.stage), ends[u][1] + lag(u.stage, op.stage))
                    for u in preds.get(op.key, ()) if u in ends]  # fmt: skip
         anchors += [latest[lane] for lane in lanes if lane in latest]
@@ -288,14 +288,12 @@ def _durations(problem: Problem) -> dict[tuple[OpKind, int], float]:
 
 
 def _stream_rank(stream: Stream) -> int:
-    return (Stream.COMPUTE, Stream.D2H, Stream.H2D).index(stream)
+    return STREAM_ORDER.index(stream)
 
 
 def _link_key(problem: Problem, qk: QueueKey) -> QueueKey | None:
-    if qk[1] is Stream.COMPUTE:
-        return None
-    group = problem.link_group(qk[0])
-    return None if group is None else (group, qk[1])
+    resource = resource_of(problem, *qk)
+    return None if resource[0] == "device" else (resource[1], qk[1])
 
 
 def _edges(

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pp_opt.errors import PPOptError, ProblemError
 from pp_opt.export.trace import time_unit
 from pp_opt.metrics import memory_profile
-from pp_opt.ops import OpKind, Stream
+from pp_opt.ops import STREAM_ORDER, OpKind, Stream
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule, ScheduledOp
 
@@ -247,7 +247,7 @@ def _compute_slots(schedule: Schedule) -> float:
 def _row_layout(schedule: Schedule) -> dict[tuple[int, Stream], tuple[float, float]]:
     """Centre and height of each (device, stream) row; copy rows only if the schedule copies."""
     copies = any(op.stream is not Stream.COMPUTE for op in schedule.ops)
-    streams = (Stream.COMPUTE, Stream.D2H, Stream.H2D) if copies else (Stream.COMPUTE,)
+    streams = STREAM_ORDER if copies else (Stream.COMPUTE,)
     rows: dict[tuple[int, Stream], tuple[float, float]] = {}
     y = 0.0
     for device in range(schedule.problem.p):

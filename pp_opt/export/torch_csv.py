@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from pp_opt.errors import PPOptError, ProblemError
-from pp_opt.ops import OpKey, OpKind, Stream
+from pp_opt.ops import COPY_KINDS, OpKey, OpKind, Stream
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule, ScheduledOp
 from pp_opt.time_rule import counts_before, time_slack
@@ -34,7 +34,6 @@ logger = logging.getLogger(__name__)
 FORMATS = ("compute_only", "compute_comms")
 TORCH_TYPE = {OpKind.F: "F", OpKind.B: "I", OpKind.W: "W", OpKind.BW: "B"}
 """PyTorch's action letter of each compute op kind."""
-COPY_KINDS = (OpKind.OFFLOAD, OpKind.RELOAD)
 
 
 class TorchAction(NamedTuple):

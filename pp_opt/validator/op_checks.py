@@ -6,12 +6,10 @@ import math
 from collections import defaultdict
 
 from pp_opt.dag import required_ops
-from pp_opt.ops import OpKey, OpKind, duration, stream_of
+from pp_opt.ops import COPY_KINDS, OpKey, OpKind, duration, stream_of
 from pp_opt.schedule import ScheduledOp
 from pp_opt.validator.context import Context
 from pp_opt.validator.violation import Violation
-
-COPY_KINDS = (OpKind.OFFLOAD, OpKind.RELOAD)
 
 
 def check_presence(ctx: Context) -> list[Violation]:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from pp_opt.dag import dag_for
-from pp_opt.ops import OpKey, OpKind, Stream, duration
+from pp_opt.ops import OpKey, OpKind, Stream, duration, resource_of
 from pp_opt.problem import Problem
 from pp_opt.runtime_rules import runtime_chains
 from pp_opt.schedule import Schedule, ScheduledOp
@@ -59,8 +59,7 @@ class WindowResult:
 
 def queue_of(problem: Problem, device: int, stream: Stream) -> QueueKey:
     """The resource an op uses: its device's stream, or its host link for shared copies."""
-    link = None if stream is Stream.COMPUTE else problem.link_group(device)
-    return ("device", device, stream) if link is None else ("link", link, stream)
+    return resource_of(problem, device, stream)
 
 
 class _Builder:
@@ -151,8 +150,8 @@ class _Builder:
     def _sharing(self, key: OpKey, stream: Stream) -> list[int]:
         """Devices whose tails an op must end before: its own, and its link's for copies."""
         device = self.device(key)
-        link = None if stream is Stream.COMPUTE else self.problem.link_group(device)
-        return [device] if link is None else list(self.problem.host_links[link])
+        kind, owner, _ = resource_of(self.problem, device, stream)
+        return [device] if kind == "device" else list(self.problem.host_links[owner])
 
     def tail_order(self) -> None:
         """Tail ops after their device's cut, in the old order of every stream and link."""

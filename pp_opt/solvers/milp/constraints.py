@@ -10,7 +10,7 @@ from typing import Any
 
 import pulp
 
-from pp_opt.ops import OpKey, OpKind, memory_delta
+from pp_opt.ops import ALLOCATING, FREEING, OpKey, OpKind, memory_delta
 from pp_opt.solvers.milp.variables import (
     Expr,
     MilpModel,
@@ -20,11 +20,6 @@ from pp_opt.solvers.milp.variables import (
     hint_product,
     hint_started_by,
 )
-
-ALLOCATING = (OpKind.F, OpKind.R, OpKind.RELOAD)
-"""Ops that allocate at their start; memory can only peak right after one of them."""
-FREEING = (OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD)
-"""Ops that free at their end."""
 
 
 def activation_choice(model: MilpModel) -> None:

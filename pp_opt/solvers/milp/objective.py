@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pulp
 
-from pp_opt.ops import Stream
-from pp_opt.solvers.milp.variables import Hint, MilpModel, OpVars, Resource, WarmValues
+from pp_opt.ops import Resource, Stream
+from pp_opt.solvers.milp.variables import Hint, MilpModel, OpVars, WarmValues
 
 
 def set_objective(model: MilpModel, *, bound: float | None = None) -> None:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import networkx as nx
 
-from pp_opt.ops import OpKey, OpKind, duration, stream_of
+from pp_opt.ops import ALLOCATING, FREEING, OpKey, OpKind, duration, stream_of
 from pp_opt.schedule import ScheduledOp
-from pp_opt.solvers.milp.constraints import ALLOCATING, FREEING
 from pp_opt.solvers.milp.variables import MilpModel
 
 

@@ -13,14 +13,11 @@ from typing import Any
 import networkx as nx
 import pulp
 
-from pp_opt.ops import OpKey, OpKind, Stream
+from pp_opt.ops import OpKey, OpKind, Resource, resource_of
 from pp_opt.problem import Problem
 
 Expr = Any
 """A PuLP linear expression, a variable or a plain number."""
-
-Resource = tuple[str, int, Stream]
-"""What a disjunctive op occupies: ``("device", d, stream)`` or ``("link", group, stream)``."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -162,7 +159,7 @@ def _op_variables(model: MilpModel) -> None:
         v.ops[key] = OpVars(
             key=key,
             device=data["device"],
-            resource=_resource(problem, data["device"], data["stream"]),
+            resource=resource_of(problem, data["device"], data["stream"]),
             start=v.continuous("s", 0.0, model.horizon, hint_start(key)),
             duration=duration,
             max_duration=max_duration,
@@ -184,15 +181,6 @@ def _duration_and_presence(
         r = v.recompute[act]
         return full * r, r, full
     return full, 1, full
-
-
-def _resource(problem: Problem, device: int, stream: Stream) -> Resource:
-    """Copies of devices that share a host link share one resource per direction."""
-    if stream is not Stream.COMPUTE:
-        group = problem.link_group(device)
-        if group is not None:
-            return ("link", group, stream)
-    return ("device", device, stream)
 
 
 def evaluate(expr: Expr, values: dict[str, float]) -> float:
