@@ -13,7 +13,7 @@ restate these rules.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import NamedTuple
 
@@ -28,6 +28,9 @@ class OpKind(StrEnum):
     OFFLOAD = "OFFLOAD"
     RELOAD = "RELOAD"
     R = "R"
+    FB = "FB"
+    """An overlapped pair: the ``F`` of one microbatch with the backward (``B`` or ``BW``)
+    of another on the same device, one op of the compute stream (DESIGN.md §3)."""
 
 
 class Stream(StrEnum):
@@ -86,11 +89,13 @@ class KindRow:
     """The stream the op holds while it runs."""
     when: str
     """Which DAGs have it: ``always``, ``split`` or ``fused`` (by the backward split),
-    ``offload`` or ``recompute`` (by those switches)."""
+    ``offload`` or ``recompute`` (by those switches); ``pair`` never: a pair is no node
+    of the DAG but two of them run as one op."""
     optional: bool
-    """Present only where a schedule chooses it (copies, recompute)."""
-    cost: Callable[[Stage], float]
-    """Its duration (of a whole-activation copy for copies; they scale by the fraction)."""
+    """Present only where a schedule chooses it (copies, recompute, pairs)."""
+    cost: Callable[[Stage], float] | None
+    """Its duration (of a whole-activation copy for copies; they scale by the fraction);
+    None for a pair (:func:`pair_time`)."""
     at_start: Amount | None
     """Memory it allocates at its start, or None."""
     at_end: Amount | None
@@ -99,6 +104,10 @@ class KindRow:
     """What it waits for, in the order the DAG lists the edges."""
     scales: bool = False
     """Its cost and memory scale with the offloaded fraction."""
+    halves: tuple[OpKind | str, ...] = ()
+    """For a pair, the kinds it runs as one op: its memory effect is theirs (the ``F``
+    half's allocation at the start, the backward half's free at the end) and it waits for
+    what either half waits for; what waits for either half waits for its end."""
 
 
 KINDS: dict[OpKind, KindRow] = {
@@ -124,6 +133,8 @@ KINDS: dict[OpKind, KindRow] = {
         KindRow(OpKind.R, Stream.COMPUTE, "recompute", True, lambda st: st.t_f,
                 at_start=lambda st, a, rec: st.m_b - st.m_in, at_end=None,
                 after=(Dep(OpKind.F),)),
+        KindRow(OpKind.FB, Stream.COMPUTE, "pair", True, None, at_start=None, at_end=None,
+                after=(), halves=(OpKind.F, BACK)),
     )
 }  # fmt: skip
 """One row per op kind (DESIGN.md §3), in the order a DAG lists its ops."""
@@ -182,6 +193,7 @@ def kinds_of(split_backward: bool, offload: bool, recompute: bool) -> tuple[OpKi
         "fused": not split_backward,
         "offload": offload,
         "recompute": recompute,
+        "pair": False,
     }
     return tuple(kind for kind, row in KINDS.items() if on[row.when])
 
@@ -189,8 +201,8 @@ def kinds_of(split_backward: bool, offload: bool, recompute: bool) -> tuple[OpKi
 def duration(problem: Problem, kind: OpKind, stage: int, fraction: float = 1.0) -> float:
     """Time the op occupies its stream; copies scale with the offloaded ``fraction``."""
     row = KINDS.get(kind)
-    if row is None:
-        raise ValueError(f"unknown op kind {kind!r}")
+    if row is None or row.cost is None:
+        raise ValueError(f"unknown op kind {kind!r}" if row is None else "a pair: see pair_time")
     cost = row.cost(problem.stages[stage])
     return fraction * cost if row.scales else cost
 
@@ -215,3 +227,58 @@ def memory_delta(
     at_start = row.at_start(st, fraction, recomputed) if row.at_start else 0.0
     at_end = -row.at_end(st, fraction, recomputed) if row.at_end else 0.0
     return at_start, at_end
+
+
+def pair_time(problem: Problem, stage: int, stage_b: int, backward: OpKind) -> float:
+    """How long an overlapped pair runs: ``F(stage)`` with ``backward`` (``B`` or ``BW``) of
+    ``stage_b``, on one device (DESIGN.md §3); the one place that says so.
+
+    Each half is compute plus communication (``t_f_comm``, ``t_b_comm``); run together,
+    each half's communication hides under the other's compute. With ``Fc, Fm`` the
+    forward's compute and communication and ``Bc, Bm`` the backward's::
+
+        t = (Fc + Bc) * (1 + pair_overhead) + max(0, Fm - Bc) + max(0, Bm - Fc)
+
+    at most the two halves in sequence and at least the longer half's compute. Without
+    communication a pair saves nothing.
+    """
+    if backward not in BACKWARD_KINDS:
+        raise ValueError(f"a pair's backward half is B or BW, not {backward!r}")
+    f, b = problem.stages[stage], problem.stages[stage_b]
+    back = b.t_b if backward is OpKind.B else b.fused_backward
+    f_comm, b_comm = f.t_f_comm, min(b.t_b_comm, back)
+    f_compute, b_compute = f.t_f - f_comm, back - b_comm
+    overlapped = (
+        (f_compute + b_compute) * (1.0 + problem.pair_overhead)
+        + max(0.0, f_comm - b_compute)
+        + max(0.0, b_comm - f_compute)
+    )
+    return max(min(overlapped, f.t_f + back), f_compute, b_compute)
+
+
+def has_pair_savings(problem: Problem) -> bool:
+    """Whether an overlapped pair can run shorter than its halves in sequence (some stage
+    has communication to hide)."""
+    return any(st.t_f_comm > 0 or st.t_b_comm > 0 for st in problem.stages)
+
+
+def pair_relaxed(problem: Problem) -> Problem:
+    """The problem whose ``F`` and backward ops cost only their compute (communication 0).
+
+    A pair lasts at least its halves' compute together (:func:`pair_time`, with
+    ``pair_overhead >= 0``), so running its ``F`` and then its backward at their compute
+    times inside the pair's interval turns any schedule with pairs into one of this
+    problem that starts nothing later, frees nothing later and ends no later: its lower
+    bounds hold for schedules with pairs. The problem itself when nothing can be hidden.
+    """
+    if not has_pair_savings(problem):
+        return problem
+    stages = []
+    for st in problem.stages:
+        fused = st.fused_backward
+        stages.append(
+            replace(st, t_f=st.t_f - st.t_f_comm, t_b=st.t_b - st.t_b_comm,
+                    t_bw=None if st.t_bw is None else max(0.0, fused - st.t_b_comm),
+                    t_f_comm=0.0, t_b_comm=0.0)
+        )  # fmt: skip
+    return problem.replace(stages=tuple(stages))

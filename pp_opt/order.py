@@ -72,6 +72,10 @@ class Order:
     """Per ``(device, stream)``, the ops in the order they run."""
     fractions: Mapping[OpKey, float] = field(default_factory=dict)
     """Offloaded fraction of each ``OFFLOAD``/``RELOAD`` op not moving the whole activation."""
+    pairs: Mapping[OpKey, OpKey] = field(default_factory=dict)
+    """Overlapped pairs (DESIGN.md §3): an ``F`` key and its backward half (``B`` or ``BW``
+    of the same device). The ``F`` key stands for the pair in its compute stream; the
+    backward half is listed nowhere else."""
     waits: tuple[tuple[OpKey, OpKey], ...] = ()
     """Cross-stream waits a runtime performs (CUDA events): ``(a, b)``, ``b`` starts no
     earlier than ``a`` ends."""

@@ -55,14 +55,27 @@ class Stage:
     """Device-to-host copy time of the whole activation ``m_b``."""
     t_reload: float = 0.0
     """Host-to-device copy time of the whole activation ``m_b``."""
+    t_f_comm: float = 0.0
+    """Part of ``t_f`` that is communication (the MoE all-to-all, TP/CP collectives): an
+    overlapped pair (:func:`pp_opt.ops.pair_time`) hides it under the other half's compute."""
+    t_b_comm: float = 0.0
+    """Part of ``t_b`` that is communication (as ``t_f_comm``, for the backward)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.device, bool) or not isinstance(self.device, int) or self.device < 0:
             raise ProblemError(
                 "device", f"got {self.device!r}; give the stage's device as an integer >= 0"
             )
-        for name in ("t_f", "t_b", "t_w", "m_b", "m_w", "m_in", "t_offload", "t_reload"):
+        for name in ("t_f", "t_b", "t_w", "m_b", "m_w", "m_in", "t_offload", "t_reload",
+                     "t_f_comm", "t_b_comm"):  # fmt: skip
             _check_number(name, getattr(self, name))
+        for name, whole in (("t_f_comm", "t_f"), ("t_b_comm", "t_b")):
+            if getattr(self, name) > getattr(self, whole):
+                raise ProblemError(
+                    name,
+                    f"got {getattr(self, name):g} > {whole} = {getattr(self, whole):g}; "
+                    f"it is the part of {whole} that is communication",
+                )
         if self.t_bw is not None:
             _check_number("t_bw", self.t_bw)
         if self.m_w > self.m_b:
@@ -119,6 +132,13 @@ class Problem:
     """Allow offloading activations to host memory (and reloading them)."""
     recompute: bool = False
     """Allow recomputing a forward instead of keeping its activation."""
+    pairs: bool = False
+    """Allow overlapped pairs ``FB``: the ``F`` of one microbatch run together with the
+    backward of another on the same device (DESIGN.md §3), hiding each one's
+    communication (``t_f_comm``, ``t_b_comm``) under the other's compute."""
+    pair_overhead: float = 0.0
+    """Fraction added to the compute of an overlapped pair for sharing the GPU
+    (:func:`pp_opt.ops.pair_time`)."""
     objective: str = "makespan"
     """``makespan`` (synchronous optimizer step) or ``span`` (max per-device span)."""
     unit: str = "m_b"
@@ -168,7 +188,8 @@ class Problem:
         _check_number("t_comm", self.t_comm)
         if self.objective not in OBJECTIVES:
             raise ProblemError("objective", f"unknown {self.objective!r}; use 'makespan' or 'span'")
-        for name in ("split_backward", "offload", "recompute"):
+        _check_number("pair_overhead", self.pair_overhead)
+        for name in ("split_backward", "offload", "recompute", "pairs"):
             if not isinstance(getattr(self, name), bool):
                 raise ProblemError(name, f"got {getattr(self, name)!r}; expected true or false")
         if not isinstance(self.name, str):

@@ -31,7 +31,7 @@ from dataclasses import replace
 
 from pp_opt.ops import OpKey, OpKind
 from pp_opt.problem import Problem
-from pp_opt.schedule import Schedule
+from pp_opt.schedule import Schedule, ScheduledOp, dag_ops
 
 RULE = (
     "PyTorch's pipeline runtime needs the last stage's forwards in microbatch order "
@@ -65,7 +65,7 @@ def in_runtime_order(schedule: Schedule) -> Schedule:
     """
     s = loss_stage(schedule.problem)
     forwards = sorted(
-        (op for op in schedule.ops if op.kind is OpKind.F and op.stage == s),
+        (op for op in dag_ops(schedule.ops) if op.kind is OpKind.F and op.stage == s),
         key=lambda op: (op.start, op.microbatch),
     )
     labels = {op.microbatch: k for k, op in enumerate(forwards)}
@@ -73,5 +73,13 @@ def in_runtime_order(schedule: Schedule) -> Schedule:
         return schedule
     if all(old == new for old, new in labels.items()):
         return schedule
-    ops = tuple(replace(op, microbatch=labels[op.microbatch]) for op in schedule.ops)
+    ops = tuple(_renumbered(op, labels) for op in schedule.ops)
     return replace(schedule, ops=ops)
+
+
+def _renumbered(op: ScheduledOp, labels: dict[int, int]) -> ScheduledOp:
+    """``op`` with its microbatch (and a pair's backward half's) renumbered by ``labels``."""
+    back = op.partner
+    if back is not None:
+        back = back._replace(microbatch=labels[back.microbatch])
+    return replace(op, microbatch=labels[op.microbatch], partner=back)

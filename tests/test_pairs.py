@@ -1,0 +1,267 @@
+"""Overlapped pairs ``FB`` (DESIGN.md §3): their time, the problem fields they need, and
+every part that knows them (simulator, validator, metrics, bounds, JSON, trace, plot)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from pp_opt.bounds import lower_bound
+from pp_opt.errors import ProblemError
+from pp_opt.export.trace import trace_events
+from pp_opt.ops import OpKey, OpKind, Stream, pair_relaxed, pair_time
+from pp_opt.orders import baseline
+from pp_opt.problem import Problem, Stage, uniform_problem
+from pp_opt.problem_io import problem_from_dict, problem_from_spec, problem_to_dict
+from pp_opt.schedule import dag_ops
+from pp_opt.schedule_io import dumps_schedule, loads_schedule
+from pp_opt.simulator import order_of, retime, simulate
+from pp_opt.validator import validate
+
+F, B, W, BW, FB = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.FB
+
+
+def with_comm(problem: Problem, f: float, b: float, overhead: float = 0.0) -> Problem:
+    """``problem`` with a fraction ``f`` of every t_f and ``b`` of every t_b communication."""
+    stages = tuple(
+        dataclasses.replace(st, t_f_comm=f * st.t_f, t_b_comm=b * st.t_b) for st in problem.stages
+    )
+    return problem.replace(stages=stages, pair_overhead=overhead)
+
+
+def two_stages(**kw: float) -> Problem:
+    stages = (
+        Stage(device=0, t_f=4.0, t_b=6.0, t_w=2.0, **kw),
+        Stage(device=0, t_f=4.0, t_b=6.0, t_w=2.0, **kw),
+    )
+    return Problem(
+        p=1,
+        m=2,
+        stages=stages,
+        devices=(uniform_problem(p=1, m=1).devices[0],),
+        placement="explicit",
+    )
+
+
+# ---------------------------------------------------------------- pair_time
+
+
+@pytest.mark.parametrize(
+    ("f_comm", "b_comm", "overhead", "backward", "expected"),
+    [
+        (0.0, 0.0, 0.0, B, 10.0),  # nothing to hide: the halves in sequence
+        (0.0, 0.0, 0.5, B, 10.0),  # overhead alone: never above the sequence
+        (2.0, 2.0, 0.0, B, 6.0),  # Fc 2 + Bc 4; Fm 2 hides under Bc, Bm 2 under Fc
+        (2.0, 3.0, 0.0, B, 6.0),  # Fc 2 + Bc 3, and Bm 3 shows 1 past Fc 2
+        (2.0, 3.0, 0.1, B, 6.5),  # (2 + 3) * 1.1 + 1
+        (3.0, 1.0, 0.0, B, 6.0),  # Fc 1 + Bc 5; Fm 3 hides under Bc 5
+        (4.0, 0.0, 0.0, B, 6.0),  # all of F is comm: hidden under B's 6 of compute
+        (4.0, 6.0, 0.0, B, 10.0),  # all comm: 0 + max(0, 4 - 0) + max(0, 6 - 0)
+        (2.0, 3.0, 0.0, BW, 8.0),  # fused backward: Bc = 6 + 2 - 3 = 5, Bm 3 shows 1
+    ],
+)
+def test_pair_time_closed_forms(f_comm, b_comm, overhead, backward, expected):
+    problem = two_stages(t_f_comm=f_comm, t_b_comm=b_comm).replace(pair_overhead=overhead)
+    assert pair_time(problem, 0, 1, backward) == pytest.approx(expected)
+
+
+def test_pair_time_is_clamped_between_the_longer_compute_and_the_sequence():
+    problem = two_stages(t_f_comm=1.0, t_b_comm=1.0).replace(pair_overhead=5.0)
+    assert pair_time(problem, 0, 1, B) == pytest.approx(10.0)  # (3 + 5) * 6 > 4 + 6
+    low = two_stages(t_f_comm=0.5, t_b_comm=0.5)
+    for backward in (B, BW):
+        t = pair_time(low, 0, 1, backward)
+        back = 6.0 if backward is B else 8.0
+        assert max(4.0 - 0.5, back - 0.5) <= t <= 4.0 + back
+    with pytest.raises(ValueError, match="B or BW"):
+        pair_time(low, 0, 1, W)
+
+
+# ---------------------------------------------------------------- problem fields
+
+
+def test_new_fields_default_to_nothing_and_stay_out_of_files():
+    problem = uniform_problem(p=2, m=4)
+    assert problem.pairs is False and problem.pair_overhead == 0.0
+    assert all(st.t_f_comm == 0.0 == st.t_b_comm for st in problem.stages)
+    data = problem_to_dict(problem)
+    assert "pairs" not in data and "pair_overhead" not in data
+    assert all("t_f_comm" not in row and "t_b_comm" not in row for row in data["stages"])
+
+
+def test_new_fields_round_trip_through_dict_and_toml_spec():
+    problem = with_comm(uniform_problem(p=2, m=4), 0.25, 0.5, overhead=0.1).replace(pairs=True)
+    data = problem_to_dict(problem)
+    assert data["pairs"] is True and data["pair_overhead"] == 0.1
+    assert data["stages"][0]["t_f_comm"] == 0.25 and data["stages"][0]["t_b_comm"] == 0.5
+    assert problem_from_dict(json.loads(json.dumps(data))) == problem
+    stage = {"t_f": 1.0, "t_b": 1.0, "t_w": 1.0, "t_f_comm": 0.25, "t_b_comm": 0.5}
+    spec = {"p": 2, "m": 4, "pairs": True, "pair_overhead": 0.1, "stage": stage}
+    assert problem_from_spec(spec).stages == problem.stages
+    assert problem_from_spec(spec).pairs and problem_from_spec(spec).pair_overhead == 0.1
+
+
+@pytest.mark.parametrize(
+    ("field", "stage", "problem", "match"),
+    [
+        ("t_f_comm", {"t_f_comm": 2.0}, {}, "t_f_comm: got 2 > t_f = 1"),
+        ("t_b_comm", {"t_b_comm": -1.0}, {}, "t_b_comm: got -1"),
+        ("pair_overhead", {}, {"pair_overhead": -0.5}, "pair_overhead: got -0.5"),
+        ("pairs", {}, {"pairs": "yes"}, "pairs: got 'yes'; expected true or false"),
+    ],
+)
+def test_bad_pair_fields_name_the_field(field, stage, problem, match):
+    spec = {"p": 1, "m": 1, "stage": {"t_f": 1.0, "t_b": 1.0, "t_w": 1.0, **stage}, **problem}
+    with pytest.raises(ProblemError, match=match) as caught:
+        problem_from_spec(spec)
+    assert field in str(caught.value) and "\n" not in str(caught.value)
+
+
+# ---------------------------------------------------------------- schedules with pairs
+
+
+def dual_pipe_v(p: int = 2, m: int = 4, f: float = 0.5, b: float = 0.5, **kw) -> Problem:
+    base = uniform_problem(p=p, m=m, placement="v", v=2, t_f=2.0, t_b=2.0, t_w=1.0, **kw)
+    return with_comm(base, f, b)
+
+
+def test_pairs_hide_communication_and_nothing_else():
+    problem = dual_pipe_v(t_comm=0.1)
+    plain, paired = baseline("DualPipeV", problem), baseline("dualpipev-overlap", problem)
+    pairs = [op for op in paired.ops if op.kind is FB]
+    p, m = 2, 4  # PyTorch's OVERLAP_F_B actions (steps 4 and 5), the last rank's first not
+    assert len(pairs) == sum(2 * (m - 2 * p + r + 1) + p - r - 1 for r in range(p)) - 1
+    for op in pairs:
+        assert op.partner is not None and op.partner.kind is B and op.stream is Stream.COMPUTE
+        assert problem.device_of(op.partner.stage) == problem.device_of(op.stage)
+        assert op.duration == pytest.approx(pair_time(problem, op.stage, op.partner.stage, B))
+        assert op.duration < problem.stages[0].t_f + problem.stages[0].t_b
+    # same order, same ops: the pairs are what makes it faster
+    assert sorted(h.key for h in dag_ops(paired.ops)) == sorted(op.key for op in plain.ops)
+    assert paired.metrics.makespan < plain.metrics.makespan
+    assert validate(paired) == []
+    # the busy time counts a pair once, at its pair time
+    for d, busy in enumerate(paired.metrics.busy):
+        own = [op for op in paired.ops if problem.device_of(op.stage) == d]
+        assert busy == pytest.approx(sum(op.duration for op in own))
+    # without communication the pairs save nothing
+    still = baseline("dualpipev-overlap", dual_pipe_v(f=0.0, b=0.0, t_comm=0.1))
+    assert all(op.duration == pytest.approx(3.0 / 2 * 4 / 3) for op in still.ops if op.kind is FB)
+
+
+def test_pair_holds_the_memory_of_both_halves():
+    """F's allocation at the pair's start, the backward's free at its end: one device,
+    F(0, 1) paired with B(1, 0) holds three activations of stage size at once."""
+    problem = Problem(
+        p=1, m=2, placement="explicit", pairs=True,
+        stages=(Stage(device=0, t_f=1.0, t_b=1.0, t_w=0.0, t_f_comm=0.5, t_b_comm=0.5),) * 2,
+        devices=uniform_problem(p=1, m=1, cap=10.0).devices,
+    )  # fmt: skip
+    order = simulate_pairs(problem, [[(F, 0, 0), (F, 1, 0), (F, 0, 1), (W, 1, 0), (B, 0, 0),
+                                      (W, 0, 0), (F, 1, 1), (B, 1, 1), (W, 1, 1), (B, 0, 1),
+                                      (W, 0, 1)]], {(F, 0, 1): (B, 1, 0)})  # fmt: skip
+    assert validate(order) == []
+    pair = next(op for op in order.ops if op.kind is FB)
+    assert (pair.start, pair.end) == (2.0, 3.0)  # pair_time: 0.5 + 0.5 + 0 + 0
+    assert order.metrics.peak_memory == [3.0]  # F(0,0), F(1,0) held, F(0,1) allocates
+    assert validate(dataclasses.replace(order, problem=problem.replace(
+        devices=uniform_problem(p=1, m=1, cap=2.5).devices)))[0].rule == "memory"  # fmt: skip
+
+
+def simulate_pairs(problem, per_device, pairs):
+    from pp_opt.order import Order, Variant, compute_streams
+
+    keys = [[OpKey(*k) for k in ops] for ops in per_device]
+    order = Order(problem=problem, streams=compute_streams(keys),
+                  variant=Variant.of_problem(problem),
+                  pairs={OpKey(*f): OpKey(*b) for f, b in pairs.items()})  # fmt: skip
+    return simulate(order)
+
+
+def test_validator_re_checks_every_pair_rule():
+    schedule = baseline("dualpipev-overlap", dual_pipe_v(t_comm=0.1))
+    index = next(i for i, op in enumerate(schedule.ops) if op.kind is FB)
+    pair = schedule.ops[index]
+
+    def broken(**changes):
+        ops = list(schedule.ops)
+        ops[index] = dataclasses.replace(pair, **changes)
+        return {v.rule for v in validate(dataclasses.replace(schedule, ops=tuple(ops)))}
+
+    assert "duration" in broken(end=pair.end + 0.5)
+    assert "pair" in broken(partner=pair.partner._replace(kind=W))
+    problem = schedule.problem
+    other = next(s for s in range(4) if problem.device_of(s) != problem.device_of(pair.stage))
+    assert "pair" in broken(partner=pair.partner._replace(stage=other))
+    # pairing an F with its own microbatch's backward waits for itself
+    assert "dependency" in broken(partner=pair.partner._replace(microbatch=pair.microbatch))
+    assert "stream" in broken(stream=Stream.D2H)
+
+
+def test_simulator_re_times_pairs_and_refuses_a_pair_that_waits_for_itself():
+    schedule = baseline("dualpipev-overlap", dual_pipe_v(t_comm=0.1))
+    order = order_of(schedule)
+    assert order.pairs and all(f.kind is F and b.kind is B for f, b in order.pairs.items())
+    again = retime(schedule)
+    assert again.ops == schedule.ops or sorted(again.ops, key=str) == sorted(schedule.ops, key=str)
+    f = next(iter(order.pairs))
+    bad = dict(order.pairs)
+    bad[f] = OpKey(B, f.stage, f.microbatch)
+    with pytest.raises(ProblemError, match="pairs"):
+        simulate(dataclasses.replace(order, pairs=bad))
+
+
+def test_schedule_json_round_trips_pairs_byte_for_byte():
+    schedule = baseline("dualpipev-overlap", dual_pipe_v(t_comm=0.1))
+    text = dumps_schedule(schedule)
+    rows = [row for dev in json.loads(text)["devices"] for row in dev["ops"] if row["op"] == "FB"]
+    assert rows and list(rows[0]) == ["op", "stage", "microbatch", "stage_b", "microbatch_b",
+                                      "backward", "stream", "start", "end"]  # fmt: skip
+    assert rows[0]["backward"] == "B" and rows[0]["stream"] == "compute"
+    again = loads_schedule(text)
+    assert again.ops and sorted(again.ops, key=str) == sorted(schedule.ops, key=str)
+    assert dumps_schedule(again) == text
+    assert json.dumps(json.loads(text), indent=1) + "\n" == text  # the fast writer is json's
+    assert validate(again) == []
+    with pytest.raises(ProblemError, match=r"ops\[\d+\]\.backward: got 'X'; use B or BW"):
+        loads_schedule(text.replace('"backward": "B"', '"backward": "X"', 1))
+    with pytest.raises(ProblemError, match=r"ops\[\d+\]\.backward: missing"):
+        loads_schedule(text.replace('"backward": "B",\n     ', "", 1))
+    with pytest.raises(ProblemError, match=r"ops\[\d+\]\.stage_b: only an FB pair"):
+        loads_schedule(text.replace('"op": "FB"', '"op": "F"', 1))
+
+
+def test_trace_names_both_halves_of_a_pair():
+    schedule = baseline("dualpipev-overlap", dual_pipe_v(t_comm=0.1))
+    events = [e for e in trace_events(schedule)["traceEvents"] if e.get("cat") == "FB"]
+    assert events and all(" + B s" in e["name"] for e in events)
+    assert {"stage_b", "microbatch_b", "backward"} <= set(events[0]["args"])
+
+
+def test_plot_draws_pairs(tmp_path):
+    pytest.importorskip("matplotlib")
+    from pp_opt.export.plot import KIND_COLORS, save_figure
+
+    assert FB in KIND_COLORS
+    schedule = baseline("dualpipev-overlap", dual_pipe_v(t_comm=0.1))
+    save_figure(schedule, tmp_path / "pairs.png")
+    assert (tmp_path / "pairs.png").stat().st_size > 1000
+
+
+def test_lower_bound_holds_for_schedules_with_pairs():
+    """Pairs can beat the compute-sum bound of the problem with communication; the bound of
+    the problem of compute alone (pair_relaxed) holds, and nothing changes without comm."""
+    plain = uniform_problem(p=2, m=8, placement="v", v=2, t_f=2.0, t_b=2.0, t_w=1.0)
+    assert pair_relaxed(plain) is plain
+    problem = with_comm(plain, 0.6, 0.6)
+    relaxed = pair_relaxed(problem)
+    assert relaxed.stages[0].t_f == pytest.approx(0.4) and relaxed.stages[0].t_b_comm == 0.0
+    schedule = baseline("dualpipev-overlap", problem)
+    compute_sum = max(sum(st.t_f + st.t_b + st.t_w for st in problem.stages
+                          if st.device == d) * problem.m for d in range(problem.p))  # fmt: skip
+    assert schedule.metrics.makespan < compute_sum  # the unrelaxed sum bound would be invalid
+    assert lower_bound(problem) <= schedule.metrics.makespan
+    assert schedule.solver.lower_bound == lower_bound(problem)
+    assert lower_bound(problem) <= lower_bound(plain)
