@@ -265,3 +265,53 @@ def test_lower_bound_holds_for_schedules_with_pairs():
     assert lower_bound(problem) <= schedule.metrics.makespan
     assert schedule.solver.lower_bound == lower_bound(problem)
     assert lower_bound(problem) <= lower_bound(plain)
+
+
+# ---------------------------------------------------------------- the DualPipe table
+
+
+def _bubble(schedule) -> float:
+    """Idle time of the most idle device: makespan minus its compute (a pair at its time)."""
+    return max(schedule.metrics.makespan - busy for busy in schedule.metrics.busy)
+
+
+@pytest.mark.parametrize("pp", [4, 6, 8])
+def test_dualpipe_table_1f1b_and_zb1p(pp):
+    """deepseek-ai/DualPipe README, "Pipeline Bubbles and Memory Usage Comparison": 1F1B
+    ``(PP-1)(F+B)``, ZB1P ``(PP-1)(F+B-2W)``, both PP activations and 1x parameters; F a
+    forward chunk, B a full backward chunk (t_b + t_w), W its weight part."""
+    t_f, t_b, t_w = 1.0, 1.2, 0.5
+    problem = uniform_problem(p=pp, m=2 * pp, t_f=t_f, t_b=t_b, t_w=t_w, cap=100.0)
+    full = t_b + t_w
+    for name, bubble in (("1f1b", (pp - 1) * (t_f + full)),
+                         ("zb-h1", (pp - 1) * (t_f + full - 2 * t_w))):  # fmt: skip
+        schedule = baseline(name, problem)
+        assert _bubble(schedule) == pytest.approx(bubble), name
+        assert max(schedule.metrics.peak_memory) == pytest.approx(pp * 1.0), name
+        assert all(len(problem.stages_on(d)) == 1 for d in range(pp))
+
+
+@pytest.mark.parametrize("pp", [4, 6, 8, 12])
+@pytest.mark.parametrize(("f_comm", "b_comm"), [(0.0, 0.0), (0.5, 0.5), (0.2, 0.7), (0.6, 0.1)])
+def test_dualpipe_table_dualpipev(pp, f_comm, b_comm):
+    """The same table's DualPipeV row, ``PP`` stages on ``PP/2`` devices: bubble
+    ``(PP/2-1)(F&B+B-3W)`` with ``F&B`` the overlapped pair's time, ``PP+1`` activations
+    (of a stage) per device and 2x parameters (two stages per device).
+
+    Reproduced exactly on uniform costs with ``F = B`` and ``W = 0``. (With ``W > 0`` pp_opt
+    sends a stage's gradient after its input backward ``B``, where the README's full
+    backward sends it after ``B + W``, so the two bubbles differ by design.)"""
+    p = pp // 2
+    base = uniform_problem(p=p, m=3 * pp, placement="v", v=2, t_f=2.0, t_b=2.0, t_w=0.0,
+                           cap=100.0)  # fmt: skip
+    problem = with_comm(base, f_comm, b_comm)
+    schedule = baseline("dualpipev-overlap", problem)
+    f_and_b = pair_time(problem, 0, 1, B)
+    chunk_b = problem.stages[0].t_b
+    assert _bubble(schedule) == pytest.approx((pp / 2 - 1) * (f_and_b + chunk_b - 3 * 0.0))
+    stage_activation = problem.stages[0].m_b
+    assert max(schedule.metrics.peak_memory) == pytest.approx((pp + 1) * stage_activation)
+    assert all(len(problem.stages_on(d)) == 2 for d in range(p))  # 2x the stages of 1F1B
+    if f_comm or b_comm:
+        assert f_and_b < 2 * chunk_b  # the pairs hide communication
+        assert schedule.metrics.makespan < baseline("DualPipeV", problem).metrics.makespan
