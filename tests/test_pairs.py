@@ -18,6 +18,7 @@ from pp_opt.problem_io import problem_from_dict, problem_from_spec, problem_to_d
 from pp_opt.schedule import dag_ops
 from pp_opt.schedule_io import dumps_schedule, loads_schedule
 from pp_opt.simulator import order_of, retime, simulate
+from pp_opt.solvers import solve
 from pp_opt.validator import validate
 
 F, B, W, BW, FB = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.FB
@@ -315,3 +316,132 @@ def test_dualpipe_table_dualpipev(pp, f_comm, b_comm):
     if f_comm or b_comm:
         assert f_and_b < 2 * chunk_b  # the pairs hide communication
         assert schedule.metrics.makespan < baseline("DualPipeV", problem).metrics.makespan
+
+
+# ---------------------------------------------------------------- pairs as a solver decision
+
+
+def _brute_force_makespan(problem: Problem) -> float:
+    """The best makespan over every per-device order of F and BW ops and every set of
+    pairs (any two microbatches), timed by the simulator: tiny fused problems only."""
+    import itertools
+
+    from pp_opt.errors import PPOptError
+    from pp_opt.order import Order, Variant, compute_streams
+
+    per_device = []
+    for d in range(problem.p):
+        own = problem.stages_on(d)
+        fs = [OpKey(F, s, j) for s in own for j in range(problem.m)]
+        bs = [OpKey(BW, s, j) for s in own for j in range(problem.m)]
+        candidates = [(f, b) for f in fs for b in bs]
+        options = []
+        for k in range(min(len(fs), len(bs)) + 1):
+            for chosen in itertools.combinations(candidates, k):
+                used = [key for pair in chosen for key in pair]
+                if len(set(used)) < len(used):
+                    continue
+                items = [key for key in fs + bs if key not in used] + [f for f, _ in chosen]
+                options += [(list(perm), dict(chosen)) for perm in itertools.permutations(items)]
+        per_device.append(options)
+    best = float("inf")
+    for combo in itertools.product(*per_device):
+        pairs = {f: b for _, chosen in combo for f, b in chosen.items()}
+        order = Order(problem=problem, streams=compute_streams([keys for keys, _ in combo]),
+                      variant=Variant(False, False, False), pairs=pairs)  # fmt: skip
+        try:
+            best = min(best, simulate(order).metrics.makespan)
+        except PPOptError:  # a pair that waits for itself, a deadlock
+            continue
+    return best
+
+
+TINY = {
+    "even": with_comm(
+        uniform_problem(p=2, m=2, t_f=2.0, t_b=2.0, t_w=1.0, t_comm=0.1, split_backward=False),
+        0.5,
+        0.5,
+    ),  # fmt: skip
+    "uneven": with_comm(
+        uniform_problem(p=2, m=2, t_f=1.0, t_b=3.0, t_w=0.0, t_comm=0.3, split_backward=False),
+        0.6,
+        0.2,
+        overhead=0.1,
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_cpsat_with_pairs_finds_the_brute_force_optimum(name):
+    problem = TINY[name].replace(pairs=True)
+    result = solve(problem, solver="cpsat", time_limit=20, threads=1, seed=0).schedule
+    assert validate(result) == []
+    assert result.solver.status == "optimal"
+    assert result.metrics.makespan == pytest.approx(_brute_force_makespan(problem))
+    without = solve(problem.replace(pairs=False), solver="cpsat", time_limit=20, threads=1)
+    assert result.metrics.makespan < without.schedule.metrics.makespan
+    assert not any(op.partner for op in without.schedule.ops)
+
+
+def _pairs_problem(**kw) -> Problem:
+    base = uniform_problem(t_f=2.0, t_b=2.0, t_w=1.0, t_comm=0.1, **kw)
+    return with_comm(base, 0.5, 0.5).replace(pairs=True)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [dict(p=2, m=4), dict(p=2, m=4, placement="v", v=2), dict(p=3, m=6, v=2)],
+    ids=["loop", "v", "interleaved"],
+)
+def test_cpsat_pairs_on_every_placement_beat_its_warm_start_and_the_baselines(kw):
+    problem = _pairs_problem(**kw)
+    result = solve(problem, solver="cpsat", time_limit=30, threads=1, seed=0)
+    schedule = result.schedule
+    assert validate(schedule) == []
+    assert any(op.partner for op in schedule.ops)
+    assert result.warm_start is not None
+    assert schedule.metrics.makespan <= result.warm_start.objective + 1e-9
+    assert schedule.solver.lower_bound <= schedule.metrics.makespan + 1e-9
+    named = "dualpipev-overlap" if problem.placement == "v" else "interleaved-1f1b-a2a"
+    if problem.placement == "v" or problem.v > 1:
+        fused = problem if named == "dualpipev-overlap" else problem.replace(split_backward=False)
+        assert schedule.metrics.makespan <= baseline(named, fused).metrics.makespan + 1e-9
+
+
+def test_pairs_off_or_nothing_to_hide_change_nothing():
+    problem = _pairs_problem(p=2, m=4)
+    off = solve(problem.replace(pairs=False), solver="cpsat", time_limit=20, threads=1, seed=0)
+    quiet = with_comm(problem, 0.0, 0.0)  # pairs allowed, nothing to hide
+    still = solve(quiet, solver="cpsat", time_limit=20, threads=1, seed=0)
+    plain = solve(quiet.replace(pairs=False), solver="cpsat", time_limit=20, threads=1, seed=0)
+    assert not any(op.partner for r in (off, still) for op in r.schedule.ops)
+    assert still.schedule.metrics.makespan == pytest.approx(plain.schedule.metrics.makespan)
+    assert still.schedule.solver.status == plain.schedule.solver.status == "optimal"
+
+
+def test_milp_with_pairs_allowed_claims_no_optimum_it_cannot_see():
+    problem = _pairs_problem(p=2, m=4)
+    milp = solve(problem, solver="milp", time_limit=20, threads=1, seed=0).schedule
+    cpsat = solve(problem, solver="cpsat", time_limit=20, threads=1, seed=0).schedule
+    assert validate(milp) == [] and not any(op.partner for op in milp.ops)
+    assert cpsat.metrics.makespan < milp.metrics.makespan
+    assert milp.solver.status == "feasible"  # its own optimum is that of unpaired schedules
+    assert milp.solver.lower_bound <= cpsat.metrics.makespan + 1e-9
+
+
+@pytest.mark.parametrize("switch", ["offload", "recompute"])
+def test_pairs_with_offload_or_recompute_under_a_tight_cap(switch):
+    problem = _pairs_problem(p=2, m=4, cap=1.5).replace(**{switch: True})
+    if switch == "offload":
+        stages = tuple(
+            dataclasses.replace(st, t_offload=0.3, t_reload=0.3) for st in problem.stages
+        )
+        problem = problem.replace(stages=stages)
+    else:
+        stages = tuple(dataclasses.replace(st, m_in=0.1) for st in problem.stages)
+        problem = problem.replace(stages=stages)
+    schedule = solve(problem, solver="cpsat", time_limit=30, threads=1, seed=0).schedule
+    assert validate(schedule) == []
+    assert max(schedule.metrics.peak_memory) <= 1.5 + 1e-9
+    kinds = {op.kind for op in schedule.ops}
+    assert (OpKind.OFFLOAD if switch == "offload" else OpKind.R) in kinds

@@ -23,6 +23,7 @@ from pp_opt.bounds import check_caps, lower_bound
 from pp_opt.dag import dag_for, op_count
 from pp_opt.errors import PPOptError, ProblemError, TimeLimitError
 from pp_opt.metrics import compute_metrics
+from pp_opt.ops import has_pair_savings
 from pp_opt.order import Variant
 from pp_opt.problem import OBJECTIVES, Problem
 from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo, Status
@@ -166,6 +167,8 @@ def solve(
     fluid = _fluid(problem, options, bound, end)
     bound = bound if fluid is None else max(bound, fluid.value)
     result = _backend_phase(solver, problem, options, bound, end, fluid=fluid is not None)
+    if result.bound is not None and not _decides_pairs(solver, problem):
+        result = replace(result, bound=None)  # the bound of schedules without pairs only
     bound = bound if result.bound is None else max(bound, result.bound)
     chosen = _better(_checked(problem, result, solver), warm, solver, result.status, time_limit)
     searched = _search_phase(solver, chosen, options, bound, started, end)
@@ -262,6 +265,7 @@ def _search_phase(
     if (
         solver == "cpsat"
         and options.warm_start is not None
+        and not any(op.partner for op in chosen.ops)  # its windows know no pairs
         and not _proved(_value(chosen), bound)
         and end - time.perf_counter() > 0.3
         and not _stopped(options)
@@ -334,6 +338,17 @@ def _stopped(options: SolveOptions) -> bool:
     return failed or (options.stop is not None and options.stop.requested is not None)
 
 
+def _decides_pairs(solver: str, problem: Problem) -> bool:
+    """Whether the backend's bound holds for ``problem``: pairs it may form (``pairs``
+    with communication to hide) are a decision of the CP-SAT model alone (the MILP has
+    none), and there only with every pair in its window."""
+    if not problem.pairs or not has_pair_savings(problem):
+        return True
+    from pp_opt.solvers.cpsat.pairs import complete
+
+    return solver == "cpsat" and complete(problem)
+
+
 def _value(schedule: Schedule) -> float:
     return schedule.objective_value(schedule.problem.objective)
 
@@ -352,6 +367,8 @@ def _fluid(problem: Problem, options: SolveOptions, bound: float, end: float) ->
     warm = options.warm_start
     if warm is None or not applies(problem, options.objective) or _stopped(options):
         return None
+    if problem.pairs and has_pair_savings(problem):
+        return None  # its programs know no overlapped pairs
     upper = _value(warm)
     seconds = min(FLUID_SHARE * options.time_limit, end - time.perf_counter())
     if _proved(upper, bound) or seconds < FLUID_MIN_SECONDS:

@@ -10,9 +10,10 @@ from ortools.sat.python import cp_model
 from pp_opt.ops import OpKey, OpKind, Stream
 from pp_opt.order import Order
 from pp_opt.problem import Problem
-from pp_opt.schedule import Schedule
+from pp_opt.schedule import Schedule, dag_ops
 from pp_opt.simulator import order_of, simulate
 from pp_opt.solvers.cpsat.exchange import exchange_rules, in_exchange_order
+from pp_opt.solvers.cpsat.pairs import hint_pairs
 from pp_opt.solvers.cpsat.variables import OpVar, Variables
 from pp_opt.solvers.cpsat.w_order import in_w_order, w_class
 
@@ -32,7 +33,7 @@ def warm_times(
     order: dict[tuple[int, Stream], list[OpKey]] = {}
     for device, own in enumerate(warm.by_device()):
         for op in own:
-            keys = [op.key]
+            keys = [op.order_key]  # a pair: its F key stands for it (Order.pairs)
             if split and op.kind is OpKind.BW:
                 keys = [
                     OpKey(OpKind.B, op.stage, op.microbatch),
@@ -53,7 +54,7 @@ def warm_times(
     given = order_of(warm)
     waits = tuple((u, w) for u, w in given.waits if u in dag and w in dag)
     mapped = Order(problem=scaled, streams=order, fractions=given.fractions, waits=waits,
-                   variant=dag.graph["variant"])  # fmt: skip
+                   pairs=given.pairs, variant=dag.graph["variant"])  # fmt: skip
     try:
         # The DAG's structure is the scaled problem's too; latencies come from ``scaled``.
         return simulate(mapped, dag=dag)
@@ -70,7 +71,8 @@ def add_hints(
     model: cp_model.CpModel, v: Variables, warm: Schedule, obj: cp_model.IntVar, objective: str
 ) -> None:
     """Hint every variable (a complete hint is far more useful to CP-SAT than a partial one)."""
-    timed = {op.key: op for op in warm.ops}
+    timed = {op.key: op for op in dag_ops(warm.ops)}  # a pair's halves at the pair's times
+    hint_pairs(model, v, {(op.order_key, op.partner) for op in warm.ops if op.partner})
     start: dict[int, int] = {}
 
     def hint_op(op_var: OpVar, value: float) -> None:
@@ -80,6 +82,8 @@ def add_hints(
     for key, op in v.ops.items():
         if key in timed:
             hint_op(op, timed[key].start)
+            if op.end_var is not None:
+                model.add_hint(op.end_var, int(round(timed[key].end)))
         if op.present is not None:
             model.add_hint(op.present, key in timed)
     for (s, j), choices in v.offloads.items():
