@@ -45,6 +45,8 @@ class Entry:
     """Placements whose problems it keeps (a warm start is only tried on those); None for
     any. ``v-half`` on a ``loop`` problem, say, re-splits it: fine for ``pp-opt baseline``,
     useless as a warm start."""
+    pairs: bool = False
+    """Its orders overlap F/B pairs: a warm start only where the problem allows pairs."""
     options: frozenset[str] = frozenset()
     """Which of :data:`OPTIONS` it takes: ``fraction`` (the largest offload fraction
     allowed), ``deadline`` (a ``time.perf_counter()`` value by which to return its best)."""
@@ -106,10 +108,16 @@ REGISTRY: dict[str, Entry] = {
     "dualpipev-overlap": Entry(
         generator=dual_pipe_v_overlapped,
         description="PyTorch's DualPipeV with its OVERLAP_F_B pairs overlapped (v, m >= 2p)",
+        warm_start=True,
+        pairs=True,
+        placements=frozenset({"v"}),
     ),
     "interleaved-1f1b-a2a": Entry(
         generator=interleaved_1f1b_a2a,
         description="Megatron-Core interleaved 1F1B with A2A overlap: steady-state F/B pairs",
+        warm_start=True,
+        pairs=True,
+        placements=frozenset({"loop"}),
     ),
     # New generators go here: import them above and add one entry each (_classic for a
     # fixed pattern listed by `pp-opt baseline`, _rule for a warm-start rule, _searched

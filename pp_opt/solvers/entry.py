@@ -23,7 +23,6 @@ from pp_opt.bounds import check_caps, lower_bound
 from pp_opt.dag import dag_for, op_count
 from pp_opt.errors import PPOptError, ProblemError, TimeLimitError
 from pp_opt.metrics import compute_metrics
-from pp_opt.ops import has_pair_savings
 from pp_opt.order import Variant
 from pp_opt.problem import OBJECTIVES, Problem
 from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo, Status
@@ -34,6 +33,7 @@ from pp_opt.solvers.base import (
     SolveOptions,
     pins_copies,
 )
+from pp_opt.solvers.pair_phases import decides_pairs, pairs_open, unpaired_first
 from pp_opt.solvers.process.isolation import (
     fluid_isolated,
     improve_isolated,
@@ -166,9 +166,11 @@ def solve(
     bound = lower_bound(problem, options.objective, offload_fractions=fractions)
     fluid = _fluid(problem, options, bound, end)
     bound = bound if fluid is None else max(bound, fluid.value)
+    if solver == "cpsat" and pairs_open(problem):  # without pairs first (pair_phases)
+        run = partial(_backend_phase, solver, bound=bound, fluid=False)
+        options, warm = unpaired_first(problem, options, warm, end, run,
+                                       partial(_checked, problem, solver=solver))  # fmt: skip
     result = _backend_phase(solver, problem, options, bound, end, fluid=fluid is not None)
-    if result.bound is not None and not _decides_pairs(solver, problem):
-        result = replace(result, bound=None)  # the bound of schedules without pairs only
     bound = bound if result.bound is None else max(bound, result.bound)
     chosen = _better(_checked(problem, result, solver), warm, solver, result.status, time_limit)
     searched = _search_phase(solver, chosen, options, bound, started, end)
@@ -233,7 +235,9 @@ def _backend_phase(
     share = FULL_MODEL_SHARE if search and ops > FULL_MODEL_ALONE_OPS else 1.0
     if search and pins_copies(problem):
         share = max(share, PINNED_BACKEND_SHARE)  # the pinned copies need it (cpsat.pinned)
-    return _run_backend(solver, problem, dag_for(problem), options, end, share=share)
+    result = _run_backend(solver, problem, dag_for(problem), options, end, share=share)
+    # Where pairs may form that the backend does not decide, its bound is not the problem's.
+    return result if decides_pairs(solver, problem) else replace(result, bound=None)
 
 
 def _better(
@@ -338,17 +342,6 @@ def _stopped(options: SolveOptions) -> bool:
     return failed or (options.stop is not None and options.stop.requested is not None)
 
 
-def _decides_pairs(solver: str, problem: Problem) -> bool:
-    """Whether the backend's bound holds for ``problem``: pairs it may form (``pairs``
-    with communication to hide) are a decision of the CP-SAT model alone (the MILP has
-    none), and there only with every pair in its window."""
-    if not problem.pairs or not has_pair_savings(problem):
-        return True
-    from pp_opt.solvers.cpsat.pairs import complete
-
-    return solver == "cpsat" and complete(problem)
-
-
 def _value(schedule: Schedule) -> float:
     return schedule.objective_value(schedule.problem.objective)
 
@@ -367,7 +360,7 @@ def _fluid(problem: Problem, options: SolveOptions, bound: float, end: float) ->
     warm = options.warm_start
     if warm is None or not applies(problem, options.objective) or _stopped(options):
         return None
-    if problem.pairs and has_pair_savings(problem):
+    if pairs_open(problem):
         return None  # its programs know no overlapped pairs
     upper = _value(warm)
     seconds = min(FLUID_SHARE * options.time_limit, end - time.perf_counter())

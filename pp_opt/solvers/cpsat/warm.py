@@ -31,10 +31,16 @@ def warm_times(
         return None
     split = bool(dag.graph.get("split_backward"))
     order: dict[tuple[int, Stream], list[OpKey]] = {}
+    pairs: dict[OpKey, OpKey] = {}
     for device, own in enumerate(warm.by_device()):
         for op in own:
             keys = [op.order_key]  # a pair: its F key stands for it (Order.pairs)
-            if split and op.kind is OpKind.BW:
+            if op.partner is not None:
+                back = op.partner
+                pairs[op.order_key] = back._replace(kind=OpKind.B if split else OpKind.BW)
+                if split and back.kind is OpKind.BW:  # the W of a fused half right after
+                    keys.append(OpKey(OpKind.W, back.stage, back.microbatch))
+            elif split and op.kind is OpKind.BW:
                 keys = [
                     OpKey(OpKind.B, op.stage, op.microbatch),
                     OpKey(OpKind.W, op.stage, op.microbatch),
@@ -42,7 +48,7 @@ def warm_times(
             elif not split and op.kind in (OpKind.B, OpKind.W):
                 keys = [OpKey(OpKind.BW, op.stage, op.microbatch)] if op.kind is OpKind.B else []
             order.setdefault((device, op.stream), []).extend(keys)
-    if not dag.graph.get("offload") and not dag.graph.get("recompute"):
+    if not dag.graph.get("offload") and not dag.graph.get("recompute") and not pairs:
         # The model keeps the slot exchanges' orders (exchange) and runs alike W in their
         # backwards' order (w_order): so does the hint, in that order.
         rules = exchange_rules(problem, split=split)
@@ -54,7 +60,7 @@ def warm_times(
     given = order_of(warm)
     waits = tuple((u, w) for u, w in given.waits if u in dag and w in dag)
     mapped = Order(problem=scaled, streams=order, fractions=given.fractions, waits=waits,
-                   pairs=given.pairs, variant=dag.graph["variant"])  # fmt: skip
+                   pairs=pairs, variant=dag.graph["variant"])  # fmt: skip
     try:
         # The DAG's structure is the scaled problem's too; latencies come from ``scaled``.
         return simulate(mapped, dag=dag)
