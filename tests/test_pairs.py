@@ -445,3 +445,13 @@ def test_pairs_with_offload_or_recompute_under_a_tight_cap(switch):
     assert max(schedule.metrics.peak_memory) <= 1.5 + 1e-9
     kinds = {op.kind for op in schedule.ops}
     assert (OpKind.OFFLOAD if switch == "offload" else OpKind.R) in kinds
+
+
+def test_fused_backward_export_keeps_the_pairs():
+    from pp_opt.export.fused import fused_backward_schedule
+
+    schedule = baseline("dualpipev-overlap", dual_pipe_v(t_comm=0.1))
+    fused = fused_backward_schedule(schedule)
+    pairs = [op for op in fused.schedule.ops if op.partner is not None]
+    assert len(pairs) == sum(1 for op in schedule.ops if op.partner is not None)
+    assert all(op.partner.kind is BW for op in pairs) and fused.violations == ()
