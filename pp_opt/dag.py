@@ -65,7 +65,6 @@ def build_dag(
     split = problem.split_backward if split_backward is None else split_backward
     with_offload = problem.offload if offload is None else offload
     with_recompute = problem.recompute if recompute is None else recompute
-    last = problem.num_stages - 1
 
     dag = nx.DiGraph(problem=problem, split_backward=split, offload=with_offload,
                      recompute=with_recompute,
@@ -76,19 +75,22 @@ def build_dag(
     # Each key is made once and an op's attributes once per (kind, stage): large problems
     # (hundreds of thousands of ops) build in about a second.
     keys = {kind: [[OpKey(kind, s, j) for j in range(m)] for s in stages] for kind in kinds}
+    routes = problem.routes()  # the stages each microbatch runs through (all, but in dual)
     for s in stages:
         data = [(keys[kind][s], _op_data(problem, kind, s)) for kind in kinds]
-        dag.add_nodes_from(
-            (row[j], {**shared, "microbatch": j}) for j in range(m) for row, shared in data
-        )
+        dag.add_nodes_from((row[j], {**shared, "microbatch": j}) for r, mbs in routes if s in r
+                           for j in mbs for row, shared in data)  # fmt: skip
     lag = stage_latency(problem)
-    # Per stage, what each op waits for: (the other op's kind, its stage), from KINDS.
-    rules = [[(kind, other, s + dep.stage if 0 <= s + dep.stage <= last else s)
-              for kind in kinds for dep in KINDS[kind].after
-              for other in [_dep_kind(dep, back, 0 <= s + dep.stage <= last)]
-              if other in keys] for s in stages]  # fmt: skip
-    edges = [(keys[other][t][j], keys[kind][s][j], {"latency": lag(t, s)})
-             for j in range(m) for s in stages for kind, other, t in rules[s]]  # fmt: skip
+    edges = []
+    for route, mbs in routes:
+        first, last = route.start, route.stop - 1
+        # Per stage, what each op waits for: (the other op's kind, its stage), from KINDS.
+        rules = {s: [(kind, other, s + dep.stage if first <= s + dep.stage <= last else s)
+                     for kind in kinds for dep in KINDS[kind].after
+                     for other in [_dep_kind(dep, back, first <= s + dep.stage <= last)]
+                     if other in keys] for s in route}  # fmt: skip
+        edges += [(keys[other][t][j], keys[kind][s][j], {"latency": lag(t, s)})
+                  for j in mbs for s in route for kind, other, t in rules[s]]  # fmt: skip
     dag.add_edges_from(edges)
     after: dict[OpKey, list[OpKey]] = {key: [] for key in dag}
     for u, w, _ in edges:
@@ -159,7 +161,8 @@ _SUCCESSORS = "successor_lists"
 def op_count(problem: Problem, variant: Variant | None = None) -> int:
     """How many ops :func:`dag_for` ``(problem, variant)`` has, without building it."""
     variant = variant or Variant.of_problem(problem)
-    return problem.num_stages * problem.m * len(variant.kinds())
+    runs = sum(len(route) * len(mbs) for route, mbs in problem.routes())
+    return runs * len(variant.kinds())
 
 
 def longest_paths(

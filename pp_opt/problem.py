@@ -121,7 +121,11 @@ class Problem:
     devices: tuple[Device, ...]
     """Per-device memory cap and static memory."""
     placement: str = "loop"
-    """``loop``, ``v`` or ``explicit`` (how ``stages[s].device`` was chosen)."""
+    """``loop``, ``v``, ``dual`` or ``explicit`` (how ``stages[s].device`` was chosen).
+    ``dual`` (DeepSeek's DualPipe) holds two copies of a ``p``-stage model: stages ``0..p-1``
+    on devices ``0..p-1`` and stages ``p..2p-1`` on devices ``p-1..0``; the first half of
+    the microbatches runs through the first copy, the second half through the other
+    (:meth:`routes`)."""
     t_comm: float = 0.0
     """Latency of every dependency between ops on different devices."""
     host_links: tuple[tuple[int, ...], ...] = ()
@@ -171,7 +175,12 @@ class Problem:
         if not self.stages:
             raise ProblemError("stages", "no stages; give at least one per device")
         devs = [s.device for s in self.stages]
-        if self.placement in ("loop", "v"):
+        if self.placement == "dual" and self.m % 2:
+            raise ProblemError(
+                "m", f"got {self.m}; the dual placement feeds half the microbatches from each "
+                "end: give an even number"
+            )  # fmt: skip
+        if self.placement in ("loop", "v", "dual"):
             expected = stage_devices(self.placement, self.p, self.v)
             if tuple(devs) != expected:
                 raise ProblemError(
@@ -223,6 +232,14 @@ class Problem:
     def v(self) -> int:
         """Chunks (stages) per device."""
         return chunks_per_device([s.device for s in self.stages], self.p)
+
+    def routes(self) -> list[tuple[range, range]]:
+        """``(stages, microbatches)``: the stages each group of microbatches runs through,
+        in order. All microbatches run through all stages, but in the ``dual`` placement."""
+        if self.placement != "dual":
+            return [(range(self.num_stages), range(self.m))]
+        half, p = self.m // 2, self.p
+        return [(range(p), range(half)), (range(p, 2 * p), range(half, self.m))]
 
     def device_of(self, stage: int) -> int:
         return self.stages[stage].device

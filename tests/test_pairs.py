@@ -455,3 +455,54 @@ def test_fused_backward_export_keeps_the_pairs():
     pairs = [op for op in fused.schedule.ops if op.partner is not None]
     assert len(pairs) == sum(1 for op in schedule.ops if op.partner is not None)
     assert all(op.partner.kind is BW for op in pairs) and fused.violations == ()
+
+
+# ---------------------------------------------------------------- DualPipe (dual placement)
+
+
+@pytest.mark.parametrize("pp", [2, 4, 6, 8])
+@pytest.mark.parametrize(("f_comm", "b_comm"), [(0.0, 0.0), (0.5, 0.5), (0.2, 0.7)])
+def test_dualpipe_table_dualpipe(pp, f_comm, b_comm):
+    """The README table's DualPipe row: ``PP`` stages on ``PP`` devices, bubble
+    ``(PP/2-1)(F&B+B-3W)``, ``PP+1`` activations per device, 2x parameters (each device holds
+    a stage of both copies; its static memory doubles). Exact on uniform costs with
+    ``F = B`` and ``W = 0`` (see test_dualpipe_table_dualpipev)."""
+    problem = with_comm(uniform_problem(p=pp, m=3 * pp, t_w=0.0, static=0.5, cap=100.0),
+                        f_comm, b_comm)  # fmt: skip
+    schedule = baseline("dualpipe", problem)
+    dual = schedule.problem
+    assert dual.placement == "dual" and dual.num_stages == 2 * pp
+    f_and_b = pair_time(dual, 0, 2 * pp - 1, B)
+    assert _bubble(schedule) == pytest.approx((pp / 2 - 1) * (f_and_b + 1.0 - 3 * 0.0))
+    static = 2 * 0.5  # two copies of the parameters
+    assert max(schedule.metrics.peak_memory) == pytest.approx((pp + 1) * 1.0 + static)
+    assert all(dual.devices[d].static == static for d in range(pp))
+    assert all(len(dual.stages_on(d)) == 2 for d in range(pp))
+    assert validate(schedule) == []
+    assert sum(1 for op in schedule.ops if op.partner is not None) > 0 or pp == 2
+
+
+def test_dual_placement_routes_half_the_microbatches_through_each_copy():
+    from pp_opt.dag import dag_for, op_count
+
+    schedule = baseline("dualpipe", uniform_problem(p=4, m=8, t_comm=0.1))
+    problem = schedule.problem
+    assert problem.routes() == [(range(0, 4), range(0, 4)), (range(4, 8), range(4, 8))]
+    dag = dag_for(problem)
+    assert len(dag) == op_count(problem) == 2 * 4 * 4 * 3  # F, B, W of 4 stages, 8 mbs
+    assert OpKey(F, 0, 5) not in dag and OpKey(F, 4, 5) in dag and OpKey(F, 3, 1) in dag
+    assert OpKey(B, 3, 1) in dag.successors(OpKey(F, 3, 1))  # the first copy's last stage
+    assert OpKey(B, 7, 5) in dag.successors(OpKey(F, 7, 5))  # the second copy's
+    text = dumps_schedule(schedule)
+    assert dumps_schedule(loads_schedule(text)) == text
+    for m, match in ((7, "m: got 7; the dual placement feeds half"),):
+        with pytest.raises(ProblemError, match=match):
+            problem.replace(m=m)
+    with pytest.raises(ProblemError, match="placement: the dual placement is DeepSeek"):
+        solve(problem, time_limit=5)
+    from pp_opt.export.torch_csv import torch_csv_rows
+
+    with pytest.raises(ProblemError, match="schedule: a dual-placement"):
+        torch_csv_rows(schedule)
+    with pytest.raises(ProblemError, match="DualPipe needs an even number of devices"):
+        baseline("dualpipe", uniform_problem(p=3, m=8))

@@ -128,6 +128,8 @@ def lower_bound(
     fractions = tuple(offload_fractions)
     # Overlapped pairs may hide communication: bound the problem of compute alone.
     problem = pair_relaxed(problem)
+    if problem.placement == "dual":
+        return _busiest_device(problem)
     bound = _variant_bound(problem, objective, fractions)
     if problem.split_backward:
         # A schedule may run the fused backward even so (the classic baselines do), and a
@@ -135,6 +137,19 @@ def lower_bound(
         fused = problem.replace(split_backward=False)
         bound = min(bound, _variant_bound(fused, objective, fractions))
     return bound
+
+
+def _busiest_device(problem: Problem) -> float:
+    """The ``dual`` placement's bound (its microbatches do not run through every stage,
+    which the terms assume): a device's compute, each microbatch's ``F`` and the cheaper of
+    its split or fused backward on each stage of its route. Both objectives are at least a
+    device's span, which holds its compute."""
+    busy = [0.0] * problem.p
+    for route, mbs in problem.routes():
+        for s in route:
+            st = problem.stages[s]
+            busy[st.device] += len(mbs) * (st.t_f + min(st.t_b + st.t_w, st.fused_backward))
+    return max(busy)
 
 
 def _variant_bound(problem: Problem, objective: str, fractions: tuple[float, ...]) -> float:

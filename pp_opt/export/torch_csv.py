@@ -150,6 +150,10 @@ def torch_actions(
     if format not in FORMATS:
         raise ProblemError("format", f"unknown {format!r}; use 'compute_only' or 'compute_comms'")
     problem = schedule.problem
+    if problem.placement == "dual":
+        raise ProblemError("schedule", "a dual-placement (DualPipe) schedule runs two copies "
+                           "of the model, which PyTorch pipelining cannot; run it with "
+                           "DeepSeek's DualPipe, or export a v-placement schedule")  # fmt: skip
     recomputed = [op for op in schedule.ops if op.kind is OpKind.R]
     if recomputed:
         raise PPOptError(

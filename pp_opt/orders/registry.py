@@ -16,7 +16,11 @@ from pp_opt.orders.memory.controllable_memory import v_half, v_min
 from pp_opt.orders.memory.list_schedules import fallback, greedy_bfw, greedy_lazy_w
 from pp_opt.orders.memory.pipeoffload import pipeoffload
 from pp_opt.orders.patterns.classic import gpipe, interleaved_1f1b, one_f_one_b
-from pp_opt.orders.patterns.overlapped import dual_pipe_v_overlapped, interleaved_1f1b_a2a
+from pp_opt.orders.patterns.overlapped import (
+    dual_pipe,
+    dual_pipe_v_overlapped,
+    interleaved_1f1b_a2a,
+)
 from pp_opt.orders.patterns.pytorch_schedules import DESCRIPTIONS as PYTORCH_DESCRIPTIONS
 from pp_opt.orders.patterns.pytorch_schedules import GENERATORS as PYTORCH_GENERATORS
 from pp_opt.orders.patterns.vshape import zb_v
@@ -111,6 +115,10 @@ REGISTRY: dict[str, Entry] = {
         warm_start=True,
         pairs=True,
         placements=frozenset({"v"}),
+    ),
+    "dualpipe": Entry(
+        generator=dual_pipe,
+        description="DeepSeek's DualPipe: two model copies, microbatches from both ends (dual)",
     ),
     "interleaved-1f1b-a2a": Entry(
         generator=interleaved_1f1b_a2a,

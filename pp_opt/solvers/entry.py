@@ -195,6 +195,9 @@ def _prepare(
                 offload_fractions=offload_fractions)  # fmt: skip
     if solver not in SOLVERS:
         raise ProblemError("solver", f"unknown {solver!r}; use one of {', '.join(SOLVERS)}")
+    if problem.placement == "dual":
+        raise ProblemError("placement", "the dual placement is DeepSeek's DualPipe baseline "
+                           "only; solve the v placement (DualPipeV's) instead")  # fmt: skip
     objective = objective or problem.objective
     if objective not in OBJECTIVES:
         raise ProblemError("objective", f"unknown {objective!r}; use 'makespan' or 'span'")

@@ -224,10 +224,14 @@ def dual_pipe_v_rank(rank: int, p: int, m: int) -> list[OpKey]:
     return dual_pipe_v_steps(rank, p, m).ops
 
 
-def dual_pipe_v_steps(rank: int, p: int, m: int) -> _DualPipeRank:
+def dual_pipe_v_steps(
+    rank: int, p: int, m: int, stages: tuple[int, int] | None = None
+) -> _DualPipeRank:
     """PyTorch's DualPipeV of one rank (``_calculate_single_rank_operations``, torch 2.13):
-    its order and its overlapped pairs."""
-    o = _DualPipeRank((rank, 2 * p - 1 - rank))
+    its order and its overlapped pairs. ``stages`` are its chunks 0 and 1 (``rank`` and
+    ``2p - 1 - rank`` by default); DeepSeek's DualPipe runs the same steps on each half of
+    its ranks, with other chunks."""
+    o = _DualPipeRank(stages or (rank, 2 * p - 1 - rank))
     for _ in range(2 * (p - rank - 1)):  # 1: F0
         o.forward(0)
     for _ in range(rank + 1):  # 2: F0 F1
