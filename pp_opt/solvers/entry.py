@@ -236,6 +236,7 @@ def _backend_phase(
     if not full:
         return _skipped()
     share = FULL_MODEL_SHARE if search and ops > FULL_MODEL_ALONE_OPS else 1.0
+    share = 1.0 if pairs_open(problem) else share  # the search keeps no time: it knows no pairs
     if search and pins_copies(problem):
         share = max(share, PINNED_BACKEND_SHARE)  # the pinned copies need it (cpsat.pinned)
     result = _run_backend(solver, problem, dag_for(problem), options, end, share=share)

@@ -80,6 +80,7 @@ def add_hints(
     timed = {op.key: op for op in dag_ops(warm.ops)}  # a pair's halves at the pair's times
     hint_pairs(model, v, {(op.order_key, op.partner) for op in warm.ops if op.partner})
     start: dict[int, int] = {}
+    end: dict[int, int] = {}  # where it differs from start + size: halves of pairs
 
     def hint_op(op_var: OpVar, value: float) -> None:
         start[id(op_var)] = int(round(value))
@@ -89,7 +90,8 @@ def add_hints(
         if key in timed:
             hint_op(op, timed[key].start)
             if op.end_var is not None:
-                model.add_hint(op.end_var, int(round(timed[key].end)))
+                end[id(op)] = int(round(timed[key].end))
+                model.add_hint(op.end_var, end[id(op)])
         if op.present is not None:
             model.add_hint(op.present, key in timed)
     for (s, j), choices in v.offloads.items():
@@ -108,8 +110,7 @@ def add_hints(
         model.add_hint(keep, not changed)
     for size, alloc, free in v.lifetimes:
         if id(alloc[0]) in start and id(free[0]) in start:
-            a = start[id(alloc[0])] + (alloc[0].size if alloc[1] else 0)
-            b = start[id(free[0])] + (free[0].size if free[1] else 0)
+            a, b = (_hinted(ref, start, end) for ref in (alloc, free))
             model.add_hint(size, max(0, b - a))
     for (earlier, later), lit in v.orders.items():
         if earlier in timed and later in timed:
@@ -122,3 +123,11 @@ def add_hints(
         )
         model.add_hint(last, int(round(max(op.end for op in own))))
     model.add_hint(obj, objective_of(warm, objective))
+
+
+def _hinted(ref: tuple[OpVar, bool], start: dict[int, int], end: dict[int, int]) -> int:
+    """The hinted time of an op's start, or of its end (a pair's end for its halves)."""
+    op, at_end = ref
+    if not at_end:
+        return start[id(op)]
+    return end.get(id(op), start[id(op)] + op.size)
