@@ -506,3 +506,27 @@ def test_dual_placement_routes_half_the_microbatches_through_each_copy():
         torch_csv_rows(schedule)
     with pytest.raises(ProblemError, match="DualPipe needs an even number of devices"):
         baseline("dualpipe", uniform_problem(p=3, m=8))
+
+
+def test_search_windows_keep_pairs_and_stay_valid():
+    """The large-neighbourhood search moves a pair as one op (its halves stay paired)."""
+    import time
+
+    from pp_opt.solvers.cpsat.scaling import choose_scaling
+    from pp_opt.solvers.lns import improve
+    from pp_opt.solvers.lns.submodel import solve_window
+    from pp_opt.solvers.lns.window import cut_window
+
+    problem = _pairs_problem(p=4, m=12, placement="v", v=2)
+    start = baseline("dualpipev-overlap", problem)
+    pairs = {(op.key, op.partner) for op in start.ops if op.partner}
+    middle = start.metrics.makespan / 3
+    window = cut_window(start, middle, 2 * middle)
+    assert any(op.partner for op in window.free.values())
+    found = solve_window(start, window, choose_scaling(problem, (1.0,)),
+                         waits=order_of(start).waits, time_limit=5, threads=1, seed=0)  # fmt: skip
+    assert found is not None
+    assert {(op.key, op.partner) for op in found.ops if op.partner} == pairs
+    better = improve(start, deadline=time.perf_counter() + 5, threads=1, window_ops=60)
+    assert validate(better) == [] and better.metrics.makespan <= start.metrics.makespan + 1e-9
+    assert {(op.key, op.partner) for op in better.ops if op.partner} == pairs

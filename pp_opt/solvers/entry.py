@@ -236,7 +236,6 @@ def _backend_phase(
     if not full:
         return _skipped()
     share = FULL_MODEL_SHARE if search and ops > FULL_MODEL_ALONE_OPS else 1.0
-    share = 1.0 if pairs_open(problem) else share  # the search keeps no time: it knows no pairs
     if search and pins_copies(problem):
         share = max(share, PINNED_BACKEND_SHARE)  # the pinned copies need it (cpsat.pinned)
     result = _run_backend(solver, problem, dag_for(problem), options, end, share=share)
@@ -273,7 +272,6 @@ def _search_phase(
     if (
         solver == "cpsat"
         and options.warm_start is not None
-        and not any(op.partner for op in chosen.ops)  # its windows know no pairs
         and not _proved(_value(chosen), bound)
         and end - time.perf_counter() > 0.3
         and not _stopped(options)
