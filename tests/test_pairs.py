@@ -530,3 +530,17 @@ def test_search_windows_keep_pairs_and_stay_valid():
     better = improve(start, deadline=time.perf_counter() + 5, threads=1, window_ops=60)
     assert validate(better) == [] and better.metrics.makespan <= start.metrics.makespan + 1e-9
     assert {(op.key, op.partner) for op in better.ops if op.partner} == pairs
+
+
+def test_copies_fit_into_a_paired_schedule():
+    from pp_opt.orders.offload.offload_warm import with_offloads
+
+    problem = dual_pipe_v(t_comm=0.1).replace(offload=True)
+    stages = tuple(dataclasses.replace(st, t_offload=0.2, t_reload=0.2) for st in problem.stages)
+    problem = problem.replace(stages=stages)
+    paired = baseline("dualpipev-overlap", problem)
+    copied = simulate(with_offloads(problem, paired, 1.0))
+    assert validate(copied) == []
+    assert any(op.kind is OpKind.OFFLOAD for op in copied.ops)
+    assert sum(1 for op in copied.ops if op.partner) == sum(1 for op in paired.ops if op.partner)
+    assert copied.metrics.makespan == pytest.approx(paired.metrics.makespan)
