@@ -114,7 +114,7 @@ def problem_from_spec(spec: Mapping[str, Any]) -> Problem:
         placement = "explicit"
     else:
         placement = _typed("placement", raw_placement, str)
-        default_v = 2 if placement == "v" else 1
+        default_v = 2 if placement in ("v", "dual") else 1
         devices_of = stage_devices(placement, p, _typed("v", spec.get("v", default_v), int))
     check_size(m=m, stages=len(devices_of))
     stage_default = _table("stage", spec.get("stage", {}))

@@ -544,3 +544,11 @@ def test_copies_fit_into_a_paired_schedule():
     assert any(op.kind is OpKind.OFFLOAD for op in copied.ops)
     assert sum(1 for op in copied.ops if op.partner) == sum(1 for op in paired.ops if op.partner)
     assert copied.metrics.makespan == pytest.approx(paired.metrics.makespan)
+
+
+def test_dual_placement_from_a_problem_file():
+    spec = {"p": 2, "m": 4, "placement": "dual", "stage": {"t_f": 1.0, "t_b": 1.0, "t_w": 0.5}}
+    problem = problem_from_spec(spec)
+    assert problem.placement == "dual" and [st.device for st in problem.stages] == [0, 1, 1, 0]
+    assert problem_from_dict(problem_to_dict(problem)) == problem
+    assert validate(baseline("dualpipe", problem)) == []
