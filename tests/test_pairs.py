@@ -419,18 +419,22 @@ def test_pairs_off_or_nothing_to_hide_change_nothing():
     assert still.schedule.solver.status == plain.schedule.solver.status == "optimal"
 
 
-def test_milp_with_pairs_allowed_claims_no_optimum_it_cannot_see():
-    problem = _pairs_problem(p=2, m=4)
-    milp = solve(problem, solver="milp", time_limit=20, threads=1, seed=0).schedule
-    cpsat = solve(problem, solver="cpsat", time_limit=20, threads=1, seed=0).schedule
-    assert validate(milp) == [] and not any(op.partner for op in milp.ops)
-    assert cpsat.metrics.makespan < milp.metrics.makespan
-    assert milp.solver.status == "feasible"  # its own optimum is that of unpaired schedules
-    assert milp.solver.lower_bound <= cpsat.metrics.makespan + 1e-9
+@pytest.mark.parametrize("name", ["even", "uneven", "loop"])
+def test_cpsat_and_milp_agree_on_optima_with_pairs(name):
+    problem = TINY[name] if name in TINY else _pairs_problem(p=2, m=4)
+    problem = problem.replace(pairs=True)
+    found = {}
+    for solver in ("cpsat", "milp"):
+        schedule = solve(problem, solver=solver, time_limit=30, threads=1, seed=0).schedule
+        assert validate(schedule) == [] and any(op.partner for op in schedule.ops)
+        assert schedule.solver.status == "optimal", solver
+        found[solver] = schedule.metrics.makespan
+    assert found["cpsat"] == pytest.approx(found["milp"])
 
 
+@pytest.mark.parametrize("solver", ["cpsat", "milp"])
 @pytest.mark.parametrize("switch", ["offload", "recompute"])
-def test_pairs_with_offload_or_recompute_under_a_tight_cap(switch):
+def test_pairs_with_offload_or_recompute_under_a_tight_cap(switch, solver):
     problem = _pairs_problem(p=2, m=4, cap=1.5).replace(**{switch: True})
     if switch == "offload":
         stages = tuple(
@@ -440,7 +444,7 @@ def test_pairs_with_offload_or_recompute_under_a_tight_cap(switch):
     else:
         stages = tuple(dataclasses.replace(st, m_in=0.1) for st in problem.stages)
         problem = problem.replace(stages=stages)
-    schedule = solve(problem, solver="cpsat", time_limit=30, threads=1, seed=0).schedule
+    schedule = solve(problem, solver=solver, time_limit=30, threads=1, seed=0).schedule
     assert validate(schedule) == []
     assert max(schedule.metrics.peak_memory) <= 1.5 + 1e-9
     kinds = {op.kind for op in schedule.ops}

@@ -6,9 +6,8 @@ without pairs first, for :data:`UNPAIRED_SHARE` of the time left, then the model
 hinted by the better of that result and the warm start. The result is then never worse
 than the solve without pairs would have been in that share of the time.
 
-A backend's bound holds for the problem only where the backend decides the pairs
-completely (:func:`decides_pairs`): the MILP forms none, the CP-SAT model only those in its
-window.
+A backend's bound holds for the problem only where its model holds every pair a schedule
+can form (:func:`decides_pairs`, :func:`pp_opt.solvers.pairing.complete`).
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from pp_opt.ops import has_pair_savings
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule
 from pp_opt.solvers.base import BackendResult, SolveOptions
+from pp_opt.solvers.pairing import complete
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +40,7 @@ def decides_pairs(solver: str, problem: Problem) -> bool:
     """Whether the backend's bound holds for ``problem`` (see the module)."""
     if not pairs_open(problem):
         return True
-    from pp_opt.solvers.cpsat.pairs import complete
-
-    return solver == "cpsat" and complete(problem)
+    return solver in ("cpsat", "milp", "milp-highs") and complete(problem)
 
 
 def unpaired_first(

@@ -27,7 +27,7 @@ from pp_opt.solvers.cpsat.constraints import (
 )
 from pp_opt.solvers.cpsat.memory_order import with_orders
 from pp_opt.solvers.cpsat.objective import add_heads_and_tails, add_objective
-from pp_opt.solvers.cpsat.pairs import add_pairs, candidates, complete
+from pp_opt.solvers.cpsat.pairs import add_pairs
 from pp_opt.solvers.cpsat.scaling import Scaling, choose_scaling
 from pp_opt.solvers.cpsat.sequence import (
     add_memory_orders,
@@ -41,6 +41,7 @@ from pp_opt.solvers.cpsat.variables import (
     serial_horizon,
 )
 from pp_opt.solvers.cpsat.warm import add_hints, objective_of, warm_times
+from pp_opt.solvers.pairing import candidates, complete
 
 
 @dataclass(kw_only=True, slots=True)

@@ -44,6 +44,22 @@ def precedence(model: MilpModel) -> None:
         model.lp += ops[w].start >= ops[u].end + data["latency"]
 
 
+def pairs(model: MilpModel) -> None:
+    """In a chosen pair both halves start together (their times already last the pair's,
+    :mod:`.variables`); each op is a half of at most one pair."""
+    v = model.vars
+    of_op: dict[OpKey, list[Any]] = {}
+    for (f, b), (x, _) in v.pairs.items():
+        u, w = v.ops[f], v.ops[b]
+        model.lp += u.start - w.start <= (u.latest - w.earliest) * (1 - x)
+        model.lp += w.start - u.start <= (w.latest - u.earliest) * (1 - x)
+        of_op.setdefault(f, []).append(x)
+        of_op.setdefault(b, []).append(x)
+    for chosen in of_op.values():
+        if len(chosen) > 1:
+            model.lp += pulp.lpSum(chosen) <= 1
+
+
 def symmetry(model: MilpModel) -> None:
     """Microbatches in order where that loses no optimum (the same rule as the CP-SAT model).
 
@@ -81,6 +97,10 @@ def disjunctive(model: MilpModel) -> None:
         for i, u in enumerate(ops):
             for w in ops[i + 1 :]:
                 _order_pair(model, u, w)
+    for (f, b), (x, _) in model.vars.pairs.items():
+        # A chosen pair's F counts as first: its halves start together, and the memory
+        # counts a free before an allocation by this order (the free comes at the end).
+        model.lp += model.vars.before(f, b) >= x
 
 
 def _order_pair(model: MilpModel, u: OpVars, w: OpVars) -> None:
@@ -95,8 +115,10 @@ def _order_pair(model: MilpModel, u: OpVars, w: OpVars) -> None:
     v.order[u.key, w.key] = y
     big_uw = u.latest + u.max_duration - w.earliest
     big_wu = w.latest + w.max_duration - u.earliest
-    model.lp += w.start >= u.end - big_uw * (1 - y) - _released(u, w, big_uw)
-    model.lp += u.start >= w.end - big_wu * y - _released(u, w, big_wu)
+    paired = v.pairs.get((u.key, w.key)) or v.pairs.get((w.key, u.key))
+    both: Expr = 0 if paired is None else paired[0]  # a chosen pair's halves share the stream
+    model.lp += w.start >= u.end - big_uw * (1 - y) - _released(u, w, big_uw) - big_uw * both
+    model.lp += u.start >= w.end - big_wu * y - _released(u, w, big_wu) - big_wu * both
 
 
 def _released(u: OpVars, w: OpVars, big: float) -> Expr:
