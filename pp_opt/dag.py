@@ -14,7 +14,17 @@ from functools import lru_cache
 
 import networkx as nx
 
-from pp_opt.ops import OpKey, OpKind, duration, memory_delta, stream_of
+from pp_opt.ops import (
+    BACK,
+    KINDS,
+    Dep,
+    OpKey,
+    OpKind,
+    duration,
+    kinds_of,
+    memory_delta,
+    stream_of,
+)
 from pp_opt.order import Variant
 from pp_opt.problem import Problem
 
@@ -55,53 +65,46 @@ def build_dag(
     split = problem.split_backward if split_backward is None else split_backward
     with_offload = problem.offload if offload is None else offload
     with_recompute = problem.recompute if recompute is None else recompute
-    back = OpKind.B if split else OpKind.BW
-    last = problem.num_stages - 1
 
     dag = nx.DiGraph(problem=problem, split_backward=split, offload=with_offload,
                      recompute=with_recompute,
                      variant=Variant(split, with_offload, with_recompute))  # fmt: skip
-    kinds = [OpKind.F, back]
-    if split:
-        kinds.append(OpKind.W)
-    if with_offload:
-        kinds += [OpKind.OFFLOAD, OpKind.RELOAD]
-    if with_recompute:
-        kinds.append(OpKind.R)
+    kinds = kinds_of(split, with_offload, with_recompute)
+    back = OpKind.B if split else OpKind.BW
     m, stages = problem.m, range(problem.num_stages)
     # Each key is made once and an op's attributes once per (kind, stage): large problems
     # (hundreds of thousands of ops) build in about a second.
     keys = {kind: [[OpKey(kind, s, j) for j in range(m)] for s in stages] for kind in kinds}
+    routes = problem.routes()  # the stages each microbatch runs through (all, but in dual)
     for s in stages:
         data = [(keys[kind][s], _op_data(problem, kind, s)) for kind in kinds]
-        dag.add_nodes_from(
-            (row[j], {**shared, "microbatch": j}) for j in range(m) for row, shared in data
-        )
+        dag.add_nodes_from((row[j], {**shared, "microbatch": j}) for r, mbs in routes if s in r
+                           for j in mbs for row, shared in data)  # fmt: skip
     lag = stage_latency(problem)
-    f, b = keys[OpKind.F], keys[back]
-
-    def links(s: int, j: int) -> list[tuple[OpKey, OpKey, int, int]]:
-        """The edges of stage ``s``, microbatch ``j`` (docs/design.md §3), with their stages."""
-        out = [(f[s - 1][j], f[s][j], s - 1, s)] if s > 0 else []
-        out.append((b[s + 1][j], b[s][j], s + 1, s) if s < last else (f[s][j], b[s][j], s, s))
-        if split:
-            out.append((b[s][j], keys[OpKind.W][s][j], s, s))
-        if with_offload:
-            copy_out, copy_in = keys[OpKind.OFFLOAD][s][j], keys[OpKind.RELOAD][s][j]
-            out += [(f[s][j], copy_out, s, s), (copy_out, copy_in, s, s), (copy_in, b[s][j], s, s)]
-        if with_recompute:
-            r = keys[OpKind.R][s][j]
-            out += [(f[s][j], r, s, s), (r, b[s][j], s, s)]
-        return out
-
-    edges = [(u, w, {"latency": lag(su, sw)}) for j in range(m) for s in stages
-             for u, w, su, sw in links(s, j)]  # fmt: skip
+    edges = []
+    for route, mbs in routes:
+        first, last = route.start, route.stop - 1
+        # Per stage, what each op waits for: (the other op's kind, its stage), from KINDS.
+        rules = {s: [(kind, other, s + dep.stage if first <= s + dep.stage <= last else s)
+                     for kind in kinds for dep in KINDS[kind].after
+                     for other in [_dep_kind(dep, back, first <= s + dep.stage <= last)]
+                     if other in keys] for s in route}  # fmt: skip
+        edges += [(keys[other][t][j], keys[kind][s][j], {"latency": lag(t, s)})
+                  for j in mbs for s in route for kind, other, t in rules[s]]  # fmt: skip
     dag.add_edges_from(edges)
     after: dict[OpKey, list[OpKey]] = {key: [] for key in dag}
     for u, w, _ in edges:
         after[u].append(w)
     dag.graph[_SUCCESSORS] = after  # what successors() would list, made while it is cheap
     return dag
+
+
+def _dep_kind(dep: Dep, back: OpKind, inside: bool) -> OpKind | None:
+    """The kind ``dep`` names in a DAG whose backward is ``back``; ``inside`` says whether
+    its stage exists (otherwise the pipeline's end: ``dep.edge``)."""
+    if not inside:
+        return dep.edge
+    return back if dep.kind == BACK else OpKind(dep.kind)
 
 
 def stage_latency(problem: Problem) -> Callable[[int, int], float]:
@@ -131,7 +134,7 @@ def _op_data(problem: Problem, kind: OpKind, stage: int) -> dict[str, object]:
         "duration": duration(problem, kind, stage),
         "mem_start": mem_start,
         "mem_end": mem_end,
-        "optional": kind in (OpKind.OFFLOAD, OpKind.RELOAD, OpKind.R),
+        "optional": KINDS[kind].optional,
     }
 
 
@@ -158,8 +161,8 @@ _SUCCESSORS = "successor_lists"
 def op_count(problem: Problem, variant: Variant | None = None) -> int:
     """How many ops :func:`dag_for` ``(problem, variant)`` has, without building it."""
     variant = variant or Variant.of_problem(problem)
-    kinds = 2 + variant.split_backward + 2 * variant.offload + variant.recompute
-    return problem.num_stages * problem.m * kinds
+    runs = sum(len(route) * len(mbs) for route, mbs in problem.routes())
+    return runs * len(variant.kinds())
 
 
 def longest_paths(

@@ -8,7 +8,7 @@ from pp_opt.errors import ProblemError
 from pp_opt.levels import running_levels
 from pp_opt.ops import OpKind, Stream, memory_delta
 from pp_opt.problem import Problem
-from pp_opt.schedule import Metrics, ScheduledOp
+from pp_opt.schedule import Metrics, ScheduledOp, dag_ops
 from pp_opt.time_rule import settle_frees, time_slack
 
 
@@ -24,7 +24,7 @@ def memory_events(problem: Problem, ops: Iterable[ScheduledOp]) -> list[list[tup
     after an allocation counts as before it (:func:`pp_opt.time_rule.settle_frees`), as
     the validator counts it.
     """
-    ops = list(ops)
+    ops = dag_ops(ops)  # a pair holds the memory of its halves
     recomputed = recomputed_pairs(ops)
     slack = time_slack(ops)
     events: list[list[tuple[float, float, None]]] = [[] for _ in range(problem.p)]

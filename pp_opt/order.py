@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from pp_opt.ops import OpKey, OpKind, Stream
+from pp_opt.ops import OpKey, OpKind, Stream, kinds_of
 from pp_opt.problem import Problem
 
 
@@ -29,6 +29,10 @@ class Variant(NamedTuple):
     """The DAG has ``OFFLOAD`` and ``RELOAD`` ops (present only where chosen)."""
     recompute: bool
     """The DAG has ``R`` ops (present only where chosen)."""
+
+    def kinds(self) -> tuple[OpKind, ...]:
+        """The op kinds its DAG has (:data:`pp_opt.ops.KINDS` says when each one is)."""
+        return kinds_of(self.split_backward, self.offload, self.recompute)
 
     @classmethod
     def of_problem(cls, problem: Problem) -> Variant:
@@ -68,6 +72,10 @@ class Order:
     """Per ``(device, stream)``, the ops in the order they run."""
     fractions: Mapping[OpKey, float] = field(default_factory=dict)
     """Offloaded fraction of each ``OFFLOAD``/``RELOAD`` op not moving the whole activation."""
+    pairs: Mapping[OpKey, OpKey] = field(default_factory=dict)
+    """Overlapped pairs (docs/design.md §3): an ``F`` key and its backward half (``B`` or ``BW``
+    of the same device). The ``F`` key stands for the pair in its compute stream; the
+    backward half is listed nowhere else."""
     waits: tuple[tuple[OpKey, OpKey], ...] = ()
     """Cross-stream waits a runtime performs (CUDA events): ``(a, b)``, ``b`` starts no
     earlier than ``a`` ends."""

@@ -1,4 +1,5 @@
-"""Stage-to-device maps: ``loop`` (interleaved), ``v`` (two chunks per device), or explicit."""
+"""Stage-to-device maps: ``loop`` (interleaved), ``v`` (two chunks per device), ``dual``
+(two copies of the model, one per direction: DeepSeek's DualPipe), or explicit."""
 
 from __future__ import annotations
 
@@ -23,11 +24,12 @@ def stage_devices(placement: str | Sequence[int], p: int, v: int) -> tuple[int, 
             if v < 1:
                 raise ProblemError("v", f"got {v}; chunks per device must be at least 1")
             return tuple(s % p for s in range(p * v))
-        if placement == "v":
+        if placement in ("v", "dual"):  # dual: stages p.. are the second copy, devices p-1..0
             if v != 2:
                 raise ProblemError(
-                    "v", f"got {v}; the 'v' placement has exactly 2 chunks per device, set v = 2"
-                )
+                    "v", f"got {v}; the '{placement}' placement has exactly 2 chunks per device, "
+                    "set v = 2"
+                )  # fmt: skip
             return tuple(s if s < p else 2 * p - 1 - s for s in range(2 * p))
         raise ProblemError(
             "placement", f"unknown placement {placement!r}; use 'loop', 'v' or a list of devices"

@@ -55,14 +55,27 @@ class Stage:
     """Device-to-host copy time of the whole activation ``m_b``."""
     t_reload: float = 0.0
     """Host-to-device copy time of the whole activation ``m_b``."""
+    t_f_comm: float = 0.0
+    """Part of ``t_f`` that is communication (the MoE all-to-all, TP/CP collectives): an
+    overlapped pair (:func:`pp_opt.ops.pair_time`) hides it under the other half's compute."""
+    t_b_comm: float = 0.0
+    """Part of ``t_b`` that is communication (as ``t_f_comm``, for the backward)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.device, bool) or not isinstance(self.device, int) or self.device < 0:
             raise ProblemError(
                 "device", f"got {self.device!r}; give the stage's device as an integer >= 0"
             )
-        for name in ("t_f", "t_b", "t_w", "m_b", "m_w", "m_in", "t_offload", "t_reload"):
+        for name in ("t_f", "t_b", "t_w", "m_b", "m_w", "m_in", "t_offload", "t_reload",
+                     "t_f_comm", "t_b_comm"):  # fmt: skip
             _check_number(name, getattr(self, name))
+        for name, whole in (("t_f_comm", "t_f"), ("t_b_comm", "t_b")):
+            if getattr(self, name) > getattr(self, whole):
+                raise ProblemError(
+                    name,
+                    f"got {getattr(self, name):g} > {whole} = {getattr(self, whole):g}; "
+                    f"it is the part of {whole} that is communication",
+                )
         if self.t_bw is not None:
             _check_number("t_bw", self.t_bw)
         if self.m_w > self.m_b:
@@ -108,7 +121,11 @@ class Problem:
     devices: tuple[Device, ...]
     """Per-device memory cap and static memory."""
     placement: str = "loop"
-    """``loop``, ``v`` or ``explicit`` (how ``stages[s].device`` was chosen)."""
+    """``loop``, ``v``, ``dual`` or ``explicit`` (how ``stages[s].device`` was chosen).
+    ``dual`` (DeepSeek's DualPipe) holds two copies of a ``p``-stage model: stages ``0..p-1``
+    on devices ``0..p-1`` and stages ``p..2p-1`` on devices ``p-1..0``; the first half of
+    the microbatches runs through the first copy, the second half through the other
+    (:meth:`routes`)."""
     t_comm: float = 0.0
     """Latency of every dependency between ops on different devices."""
     host_links: tuple[tuple[int, ...], ...] = ()
@@ -119,6 +136,13 @@ class Problem:
     """Allow offloading activations to host memory (and reloading them)."""
     recompute: bool = False
     """Allow recomputing a forward instead of keeping its activation."""
+    pairs: bool = False
+    """Allow overlapped pairs ``FB``: the ``F`` of one microbatch run together with the
+    backward of another on the same device (docs/design.md §3), hiding each one's
+    communication (``t_f_comm``, ``t_b_comm``) under the other's compute."""
+    pair_overhead: float = 0.0
+    """Fraction added to the compute of an overlapped pair for sharing the GPU
+    (:func:`pp_opt.ops.pair_time`)."""
     objective: str = "makespan"
     """``makespan`` (synchronous optimizer step) or ``span`` (max per-device span)."""
     unit: str = "m_b"
@@ -151,7 +175,12 @@ class Problem:
         if not self.stages:
             raise ProblemError("stages", "no stages; give at least one per device")
         devs = [s.device for s in self.stages]
-        if self.placement in ("loop", "v"):
+        if self.placement == "dual" and self.m % 2:
+            raise ProblemError(
+                "m", f"got {self.m}; the dual placement feeds half the microbatches from each "
+                "end: give an even number"
+            )  # fmt: skip
+        if self.placement in ("loop", "v", "dual"):
             expected = stage_devices(self.placement, self.p, self.v)
             if tuple(devs) != expected:
                 raise ProblemError(
@@ -168,7 +197,8 @@ class Problem:
         _check_number("t_comm", self.t_comm)
         if self.objective not in OBJECTIVES:
             raise ProblemError("objective", f"unknown {self.objective!r}; use 'makespan' or 'span'")
-        for name in ("split_backward", "offload", "recompute"):
+        _check_number("pair_overhead", self.pair_overhead)
+        for name in ("split_backward", "offload", "recompute", "pairs"):
             if not isinstance(getattr(self, name), bool):
                 raise ProblemError(name, f"got {getattr(self, name)!r}; expected true or false")
         if not isinstance(self.name, str):
@@ -202,6 +232,14 @@ class Problem:
     def v(self) -> int:
         """Chunks (stages) per device."""
         return chunks_per_device([s.device for s in self.stages], self.p)
+
+    def routes(self) -> list[tuple[range, range]]:
+        """``(stages, microbatches)``: the stages each group of microbatches runs through,
+        in order. All microbatches run through all stages, but in the ``dual`` placement."""
+        if self.placement != "dual":
+            return [(range(self.num_stages), range(self.m))]
+        half, p = self.m // 2, self.p
+        return [(range(p), range(half)), (range(p, 2 * p), range(half, self.m))]
 
     def device_of(self, stage: int) -> int:
         return self.stages[stage].device

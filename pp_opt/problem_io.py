@@ -16,13 +16,15 @@ from pp_opt.limits import check_size
 from pp_opt.placement import PLACEMENTS, stage_devices
 from pp_opt.problem import Device, Problem, Stage
 
-STAGE_KEYS = ("t_f", "t_b", "t_w", "t_bw", "m_b", "m_w", "m_in", "t_offload", "t_reload")
+STAGE_KEYS = ("t_f", "t_b", "t_w", "t_bw", "m_b", "m_w", "m_in", "t_offload", "t_reload",
+              "t_f_comm", "t_b_comm")  # fmt: skip
 DEVICE_KEYS = ("cap", "static")
 TOP_KEYS = (
     "name", "p", "m", "placement", "v", "t_comm", "objective", "unit", "split_backward",
-    "offload", "recompute", "host_links", "stage", "stages", "device", "devices",
+    "offload", "recompute", "host_links", "stage", "stages", "device", "devices", "pairs",
+    "pair_overhead",
 )  # fmt: skip
-_ADDITIVE = ("t_f", "t_b", "t_w", "m_b", "m_w", "t_offload", "t_reload")
+_ADDITIVE = ("t_f", "t_b", "t_w", "m_b", "m_w", "t_offload", "t_reload", "t_f_comm", "t_b_comm")
 
 COSTS_FORMAT = "pp-opt.costs"
 """``format`` of a cost profile JSON (:func:`pp_opt.profiler.profile_costs` writes them)."""
@@ -112,7 +114,7 @@ def problem_from_spec(spec: Mapping[str, Any]) -> Problem:
         placement = "explicit"
     else:
         placement = _typed("placement", raw_placement, str)
-        default_v = 2 if placement == "v" else 1
+        default_v = 2 if placement in ("v", "dual") else 1
         devices_of = stage_devices(placement, p, _typed("v", spec.get("v", default_v), int))
     check_size(m=m, stages=len(devices_of))
     stage_default = _table("stage", spec.get("stage", {}))
@@ -160,6 +162,7 @@ _SWITCHES: tuple[tuple[str, Any, type], ...] = (
     ("split_backward", True, bool),
     ("offload", False, bool),
     ("recompute", False, bool),
+    ("pairs", False, bool),
     ("objective", "makespan", str),
     ("unit", "m_b", str),
     ("name", "", str),
@@ -172,6 +175,7 @@ def _settings(where: str, spec: Mapping[str, Any]) -> dict[str, Any]:
     settings = {key: _typed(where + key, spec.get(key, default), kind)
                 for key, default, kind in _SWITCHES}  # fmt: skip
     settings["t_comm"] = spec.get("t_comm", 0.0)
+    settings["pair_overhead"] = spec.get("pair_overhead", 0.0)
     settings["host_links"] = _host_links(spec.get("host_links", []))
     return settings
 
@@ -189,6 +193,9 @@ def stage_row(st: Stage) -> dict[str, Any]:
         row["t_bw"] = st.t_bw
     row.update(m_b=st.m_b, m_w=st.m_w, m_in=st.m_in)
     row.update(t_offload=st.t_offload, t_reload=st.t_reload)
+    for name in ("t_f_comm", "t_b_comm"):  # only when given: files without pairs stay as they were
+        if getattr(st, name):
+            row[name] = getattr(st, name)
     return row
 
 
@@ -211,6 +218,10 @@ def problem_to_dict(problem: Problem) -> dict[str, Any]:
         "offload": problem.offload,
         "recompute": problem.recompute,
     }
+    if problem.pairs:
+        out["pairs"] = True
+    if problem.pair_overhead:
+        out["pair_overhead"] = problem.pair_overhead
     if problem.extra:
         out["extra"] = problem.extra
     return out
@@ -223,7 +234,7 @@ def problem_from_dict(data: Mapping[str, Any]) -> Problem:
     data = with_v(data, "problem.")
     allowed = (
         "name", "p", "m", "placement", "v", "objective", "unit", "stages", "t_comm", "devices",
-        "host_links", "split_backward", "offload", "recompute", "extra",
+        "host_links", "split_backward", "offload", "recompute", "extra", "pairs", "pair_overhead",
     )  # fmt: skip
     _reject_unknown("problem.", data, allowed)
     for key in ("p", "m", "stages", "devices"):

@@ -31,7 +31,7 @@ from dataclasses import replace
 
 from pp_opt.ops import OpKey, OpKind
 from pp_opt.problem import Problem
-from pp_opt.schedule import Schedule
+from pp_opt.schedule import Schedule, ScheduledOp, dag_ops
 
 RULE = (
     "PyTorch's pipeline runtime needs the last stage's forwards in microbatch order "
@@ -49,10 +49,11 @@ def runtime_chains(problem: Problem) -> list[tuple[OpKey, OpKey]]:
     """Pairs ``(a, b)``: ``b`` may start only once ``a`` has ended (same device and stream).
 
     Today: ``F(S-1, j) -> F(S-1, j+1)`` for ``j = 0..m-2``. The ops exist in every DAG
-    variant (split or fused backward, with or without offload and recompute).
+    variant (split or fused backward, with or without offload and recompute). In the
+    ``dual`` placement each copy's last stage keeps its own microbatches in order.
     """
-    s = loss_stage(problem)
-    return [(OpKey(OpKind.F, s, j), OpKey(OpKind.F, s, j + 1)) for j in range(problem.m - 1)]
+    return [(OpKey(OpKind.F, route[-1], j), OpKey(OpKind.F, route[-1], j + 1))
+            for route, mbs in problem.routes() for j in mbs[:-1]]  # fmt: skip
 
 
 def in_runtime_order(schedule: Schedule) -> Schedule:
@@ -63,15 +64,25 @@ def in_runtime_order(schedule: Schedule) -> Schedule:
     schedule itself comes back when it keeps the rule already or when its last-stage
     forwards are not one per microbatch (the validator reports that).
     """
-    s = loss_stage(schedule.problem)
-    forwards = sorted(
-        (op for op in schedule.ops if op.kind is OpKind.F and op.stage == s),
-        key=lambda op: (op.start, op.microbatch),
-    )
-    labels = {op.microbatch: k for k, op in enumerate(forwards)}
-    if len(labels) != len(forwards) or sorted(labels) != list(range(schedule.problem.m)):
-        return schedule
+    labels: dict[int, int] = {}
+    for route, mbs in schedule.problem.routes():  # renumbered within each copy (dual)
+        forwards = sorted(
+            (op for op in dag_ops(schedule.ops) if op.kind is OpKind.F and op.stage == route[-1]),
+            key=lambda op: (op.start, op.microbatch),
+        )
+        mine = {op.microbatch: mbs.start + k for k, op in enumerate(forwards)}
+        if len(mine) != len(forwards) or sorted(mine) != list(mbs):
+            return schedule
+        labels.update(mine)
     if all(old == new for old, new in labels.items()):
         return schedule
-    ops = tuple(replace(op, microbatch=labels[op.microbatch]) for op in schedule.ops)
+    ops = tuple(_renumbered(op, labels) for op in schedule.ops)
     return replace(schedule, ops=ops)
+
+
+def _renumbered(op: ScheduledOp, labels: dict[int, int]) -> ScheduledOp:
+    """``op`` with its microbatch (and a pair's backward half's) renumbered by ``labels``."""
+    back = op.partner
+    if back is not None:
+        back = back._replace(microbatch=labels[back.microbatch])
+    return replace(op, microbatch=labels[op.microbatch], partner=back)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -38,10 +39,30 @@ class ScheduledOp:
     end: float
     fraction: float = 1.0
     """Part of the activation moved, for ``OFFLOAD`` and ``RELOAD``."""
+    partner: OpKey | None = None
+    """For an overlapped pair ``FB`` (whose ``stage`` and ``microbatch`` are its ``F``
+    half's), its backward half: ``B`` or ``BW`` of another stage and microbatch."""
 
     @property
     def key(self) -> OpKey:
         return OpKey(self.kind, self.stage, self.microbatch)
+
+    @property
+    def order_key(self) -> OpKey:
+        """The key an :class:`~pp_opt.order.Order` lists it under: its own, or for a pair
+        its ``F`` half's (:attr:`pp_opt.order.Order.pairs` names the backward half)."""
+        return OpKey(OpKind.F, self.stage, self.microbatch) if self.partner else self.key
+
+    def halves(self) -> tuple[ScheduledOp, ...]:
+        """The DAG ops this op runs: itself, or a pair's two halves, each over the pair's
+        whole time (each waits for what it waits for, and its successors for the end)."""
+        if self.partner is None:
+            return (self,)
+        back = self.partner
+        return (
+            ScheduledOp(OpKind.F, self.stage, self.microbatch, self.stream, self.start, self.end),
+            ScheduledOp(back.kind, back.stage, back.microbatch, self.stream, self.start, self.end),
+        )
 
     @property
     def duration(self) -> float:
@@ -115,3 +136,8 @@ class Schedule:
 
 def execution_order_key(op: ScheduledOp) -> tuple[float, int, float, int, int]:
     return (op.start, STREAM_ORDER.index(op.stream), op.end, op.stage, op.microbatch)
+
+
+def dag_ops(ops: Iterable[ScheduledOp]) -> list[ScheduledOp]:
+    """The ops, each overlapped pair as its two halves (:meth:`ScheduledOp.halves`)."""
+    return [half for op in ops for half in op.halves()]

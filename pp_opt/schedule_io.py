@@ -13,10 +13,10 @@ from typing import Any
 
 from pp_opt.arguments import a_schedule, flag, of_type
 from pp_opt.errors import ProblemError
-from pp_opt.ops import OpKind, Stream
+from pp_opt.ops import OpKey, OpKind, Stream
 from pp_opt.order import Variant
 from pp_opt.problem_io import existing_file, problem_from_dict, problem_to_dict, read_text
-from pp_opt.schedule import Metrics, Schedule, ScheduledOp, SolverInfo, Status
+from pp_opt.schedule import Metrics, Schedule, ScheduledOp, SolverInfo, Status, dag_ops
 
 FORMAT = "pp-opt.schedule"
 VERSION = 1
@@ -38,6 +38,7 @@ def schedule_to_dict(schedule: Schedule, *, rows: bool = True) -> dict[str, Any]
                 "op": op.kind.value,
                 "stage": op.stage,
                 "microbatch": op.microbatch,
+                **_pair_keys(op),
                 "stream": op.stream.value,
                 "start": op.start,
                 "end": op.end,
@@ -88,6 +89,13 @@ def _rows_text(ops: list[ScheduledOp]) -> str:
         return "[]"
     lines = []
     for op in ops:
+        if op.partner is not None:  # a pair (rare): its row as json.dumps writes it
+            row = {"op": op.kind.value, "stage": op.stage, "microbatch": op.microbatch,
+                   **_pair_keys(op), "stream": op.stream.value}  # fmt: skip
+            text = ",\n     ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in row.items())
+            text += ',\n     "start": ' + _json_number(op.start)
+            lines.append(_ROW % (text + ',\n     "end": ' + _json_number(op.end)))
+            continue
         # Kinds and streams are plain identifiers; a finite float is written as its repr.
         text = _FIELDS % (op.kind.value, op.stage, op.microbatch, op.stream.value,
                           _json_number(op.start), _json_number(op.end))  # fmt: skip
@@ -95,6 +103,14 @@ def _rows_text(ops: list[ScheduledOp]) -> str:
             text += ',\n     "fraction": ' + _json_number(op.fraction)
         lines.append(_ROW % text)
     return "[\n" + ",\n".join(lines) + "\n   ]"
+
+
+def _pair_keys(op: ScheduledOp) -> dict[str, Any]:
+    """The keys of a pair's backward half (docs/design.md §5), or none for any other op."""
+    back = op.partner
+    if back is None:
+        return {}
+    return {"stage_b": back.stage, "microbatch_b": back.microbatch, "backward": back.kind.value}
 
 
 def _json_number(value: float) -> str:
@@ -124,7 +140,8 @@ def require_schedule(name: str, value: object) -> Schedule:
 
 
 _TOP_KEYS = ("format", "version", "problem", "solver", "metrics", "devices")
-_OP_KEYS = ("op", "stage", "microbatch", "stream", "start", "end", "fraction")
+_OP_KEYS = ("op", "stage", "microbatch", "stream", "start", "end", "fraction", "stage_b",
+            "microbatch_b", "backward")  # fmt: skip
 
 
 def _number(field: str, value: Any, *, optional: bool = False) -> Any:
@@ -207,6 +224,7 @@ def _op(where: str, row: Any) -> ScheduledOp:
             f"{where}.stream", f"got {row['stream']!r}; use one of {', '.join(streams)}"
         )
     return ScheduledOp(
+        partner=_partner(where, row),
         kind=OpKind(row["op"]),
         stage=_integer(f"{where}.stage", row["stage"]),
         microbatch=_integer(f"{where}.microbatch", row["microbatch"]),
@@ -215,6 +233,25 @@ def _op(where: str, row: Any) -> ScheduledOp:
         end=_number(f"{where}.end", row["end"]),
         fraction=_number(f"{where}.fraction", row.get("fraction", 1.0)),
     )
+
+
+def _partner(where: str, row: dict[str, Any]) -> OpKey | None:
+    """The backward half of a pair row (``FB``, with ``stage_b``, ``microbatch_b`` and
+    ``backward``), or None for any other op (which must not have those keys)."""
+    keys = ("stage_b", "microbatch_b", "backward")
+    if row["op"] != OpKind.FB.value:
+        extra = [k for k in keys if k in row]
+        if extra:
+            raise ProblemError(f"{where}.{extra[0]}", "only an FB pair has a backward half")
+        return None
+    for key in keys:
+        if key not in row:
+            raise ProblemError(f"{where}.{key}", "missing; an FB pair names its backward half "
+                               "by stage_b, microbatch_b and backward (B or BW)")  # fmt: skip
+    if row["backward"] not in (OpKind.B.value, OpKind.BW.value):
+        raise ProblemError(f"{where}.backward", f"got {row['backward']!r}; use B or BW")
+    return OpKey(OpKind(row["backward"]), _integer(f"{where}.stage_b", row["stage_b"]),
+                 _integer(f"{where}.microbatch_b", row["microbatch_b"]))  # fmt: skip
 
 
 def schedule_from_dict(data: dict[str, Any]) -> Schedule:
@@ -253,7 +290,8 @@ def schedule_from_dict(data: dict[str, Any]) -> Schedule:
                     f"not {device}; list the op under its own device",
                 )
     # The file does not name its DAG variant: its op kinds do.
-    variant = Variant.of_kinds((op.kind for op in ops), split_backward=problem.split_backward)
+    variant = Variant.of_kinds((op.kind for op in dag_ops(ops)),
+                               split_backward=problem.split_backward)  # fmt: skip
     return Schedule(
         problem=problem, ops=tuple(ops), solver=solver, metrics=metrics, variant=variant
     )

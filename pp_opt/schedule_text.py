@@ -14,6 +14,7 @@ _GLYPHS = {
     OpKind.R: "Rr",
     OpKind.OFFLOAD: "><",
     OpKind.RELOAD: "<>",
+    OpKind.FB: "Pp",
 }
 LEGEND = (
     "F forward, B backward-input, W backward-weight, X fused backward, R recompute, "

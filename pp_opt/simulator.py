@@ -24,7 +24,18 @@ from pp_opt.arguments import a_schedule, a_solver_info, of_type, optional
 from pp_opt.dag import dag_for, required_ops, stage_latency, successors
 from pp_opt.errors import DeadlockError, ProblemError
 from pp_opt.metrics import compute_metrics
-from pp_opt.ops import OpKey, OpKind, Stream, duration, stream_of
+from pp_opt.ops import (
+    BACKWARD_KINDS,
+    KINDS,
+    STREAM_ORDER,
+    OpKey,
+    OpKind,
+    Stream,
+    duration,
+    pair_time,
+    resource_of,
+    stream_of,
+)
 from pp_opt.order import Order, Streams
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo, Status, execution_order_key
@@ -70,11 +81,13 @@ def simulate(
     a_solver_info(solver)
     problem = order.problem
     dag = dag if dag is not None else dag_for(problem, order.variant)
-    present = _check_order(problem, dag, order.streams)
-    preds, succs = _edges(problem, dag, present, order.waits)
+    present = _check_order(problem, dag, order.streams, order.pairs)
+    preds, succs = _edges(problem, dag, present, order.waits, order.pairs)
     queues = {k: list(v) for k, v in order.streams.items() if v}
-    timed, end, position = _run_queues(problem, queues, preds, succs, present, order.fractions)
-    if len(end) < len(present):
+    timed, end, position = _run_queues(
+        problem, queues, (preds, succs), order.fractions, order.pairs
+    )
+    if len(end) < len(preds):
         raise DeadlockError(_deadlock_message(preds, queues, position, end))
     solver = solver or SolverInfo(name="simulate", status=Status.HEURISTIC, objective=0.0)
     metrics = compute_metrics(problem, timed)
@@ -87,16 +100,17 @@ def simulate(
 def _run_queues(
     problem: Problem,
     queues: dict[QueueKey, list[OpKey]],
-    preds: dict[OpKey, list[tuple[OpKey, float]]],
-    succs: dict[OpKey, list[OpKey]],
-    present: set[OpKey],
+    edges: tuple[dict[OpKey, list[tuple[OpKey, float]]], dict[OpKey, list[OpKey]]],
     fractions: Mapping[OpKey, float],
+    pairs: Mapping[OpKey, OpKey],
 ) -> tuple[list[ScheduledOp], dict[OpKey, float], dict[QueueKey, int]]:
     """Run each stream's queue in order, every op at its earliest start (a heap of the
-    streams whose head op is ready); the ops timed, their ends and how far each queue got."""
+    streams whose head op is ready); the ops timed, their ends (a pair's under its ``F``
+    key) and how far each queue got."""
+    preds, succs = edges
     position = dict.fromkeys(queues, 0)
     queue_of = {key: qk for qk, keys in queues.items() for key in keys}
-    waiting = {key: len(preds[key]) for key in present}
+    waiting = {key: len(after) for key, after in preds.items()}
     end: dict[OpKey, float] = {}
     stream_free = dict.fromkeys(queues, 0.0)
     link_free: dict[QueueKey, float] = {}
@@ -129,15 +143,20 @@ def _run_queues(
         if start > ready:
             heapq.heappush(heap, (start, qk[0], _stream_rank(qk[1]), qk))
             continue
-        if fractions and key in fractions:
-            fraction = fractions[key]
-            finish = start + duration(problem, key.kind, key.stage, fraction)
+        if pairs and key in pairs:
+            back = pairs[key]
+            finish = start + pair_time(problem, key.stage, back.stage, back.kind)
+            timed.append(ScheduledOp(OpKind.FB, key.stage, key.microbatch, qk[1], start, finish,
+                                     partner=back))  # fmt: skip
         else:
-            fraction = 1.0
-            finish = start + cost[key.kind, key.stage]
-        timed.append(
-            ScheduledOp(key.kind, key.stage, key.microbatch, qk[1], start, finish, fraction)
-        )
+            if fractions and key in fractions:
+                fraction = fractions[key]
+                finish = start + duration(problem, key.kind, key.stage, fraction)
+            else:
+                fraction, finish = 1.0, start + cost[key.kind, key.stage]
+            timed.append(
+                ScheduledOp(key.kind, key.stage, key.microbatch, qk[1], start, finish, fraction)
+            )
         end[key] = finish
         stream_free[qk] = finish
         if link:
@@ -162,14 +181,16 @@ def order_of(schedule: Schedule) -> Order:
     by_device = schedule.by_device()
     for device, own in enumerate(by_device):
         for op in own:
-            streams.setdefault((device, op.stream), []).append(op.key)
+            streams.setdefault((device, op.stream), []).append(op.order_key)
     fractions = {op.key: op.fraction for op in schedule.ops if op.fraction != 1.0}
+    pairs = {op.order_key: op.partner for op in schedule.ops if op.partner is not None}
     slack = time_slack(schedule.ops)
     waits = [wait for own in by_device for wait in _device_waits(own, slack)]
     return Order(
         problem=schedule.problem,
         streams=streams,
         fractions=fractions,
+        pairs=pairs,
         waits=tuple(waits),
         variant=schedule.variant,
         name=schedule.solver.name,
@@ -212,7 +233,7 @@ def _device_waits(own: Sequence[ScheduledOp], slack: float) -> list[tuple[OpKey,
             if count:
                 # The first op (in execution order) among those ending last before op.
                 latest = bisect_left(ends[stream], ends[stream][count - 1])
-                waits.append((others[latest].key, op.key))
+                waits.append((others[latest].order_key, op.order_key))
     return waits
 
 
@@ -248,12 +269,13 @@ def align(schedule: Schedule) -> Schedule:
     moved: dict[int, ScheduledOp] = {}
     for op in sorted(schedule.ops, key=execution_order_key):
         device = problem.device_of(op.stage)
-        group = None if op.stream is Stream.COMPUTE else problem.link_group(device)
+        resource = resource_of(problem, device, op.stream)
         lanes: list[object] = [(device, op.stream)]
-        if group is not None:
-            lanes.append(("link", group, op.stream))
-        anchors = [(ends[u][0] + lag(u.stage, op.stage), ends[u][1] + lag(u.stage, op.stage))
-                   for u in preds.get(op.key, ()) if u in ends]  # fmt: skip
+        if resource[0] == "link":
+            lanes.append(resource)
+        halves = [h.key for h in op.halves()]
+        anchors = [(ends[u][0] + lag(u.stage, k.stage), ends[u][1] + lag(u.stage, k.stage))
+                   for k in halves for u in preds.get(k, ()) if u in ends]  # fmt: skip
         anchors += [latest[lane] for lane in lanes if lane in latest]
         for pool in (device, *lanes[1:]):
             near = [e for e in running.get(pool, ()) if e[0] >= op.start - slack]
@@ -264,9 +286,9 @@ def align(schedule: Schedule) -> Schedule:
         start = max([start, *(new for old, new in anchors if old <= op.start + slack)])
         end = op.end if start == op.start else start + (op.end - op.start)
         if start != op.start:
-            moved[id(op)] = ScheduledOp(op.kind, op.stage, op.microbatch, op.stream, start,
-                                        end, op.fraction)  # fmt: skip
-        ends[op.key] = (op.end, end)
+            moved[id(op)] = replace(op, start=start, end=end)
+        for k in halves:
+            ends[k] = (op.end, end)
         for pool in (device, *lanes[1:]):
             running.setdefault(pool, []).append((op.end, end))
         for lane in lanes:
@@ -282,48 +304,64 @@ def _durations(problem: Problem) -> dict[tuple[OpKind, int], float]:
     """:func:`~pp_opt.ops.duration` of every (kind, stage) of whole-activation ops."""
     return {
         (kind, stage): duration(problem, kind, stage)
-        for kind in OpKind
+        for kind, row in KINDS.items()
+        if row.cost is not None
         for stage in range(problem.num_stages)
     }
 
 
 def _stream_rank(stream: Stream) -> int:
-    return (Stream.COMPUTE, Stream.D2H, Stream.H2D).index(stream)
+    return STREAM_ORDER.index(stream)
 
 
 def _link_key(problem: Problem, qk: QueueKey) -> QueueKey | None:
-    if qk[1] is Stream.COMPUTE:
-        return None
-    group = problem.link_group(qk[0])
-    return None if group is None else (group, qk[1])
+    resource = resource_of(problem, *qk)
+    return None if resource[0] == "device" else (resource[1], qk[1])
 
 
 def _edges(
-    problem: Problem, dag: nx.DiGraph, present: set[OpKey], waits: Iterable[tuple[OpKey, OpKey]]
+    problem: Problem,
+    dag: nx.DiGraph,
+    present: set[OpKey],
+    waits: Iterable[tuple[OpKey, OpKey]],
+    pairs: Mapping[OpKey, OpKey],
 ) -> tuple[dict[OpKey, list[tuple[OpKey, float]]], dict[OpKey, list[OpKey]]]:
-    """Predecessors (with latency) and successors among present ops, waits included."""
-    preds: dict[OpKey, list[tuple[OpKey, float]]] = {key: [] for key in present}
-    succs: dict[OpKey, list[OpKey]] = {key: [] for key in present}
+    """Predecessors (with latency) and successors among present ops, waits included.
+
+    A pair is one node (its ``F`` key): it waits for what either half waits for, and what
+    waits for either half waits for it."""
+    node = {back: f for f, back in pairs.items()}
+    preds: dict[OpKey, list[tuple[OpKey, float]]] = {k: [] for k in present if k not in node}
+    succs: dict[OpKey, list[OpKey]] = {key: [] for key in preds}
     adjacency = successors(dag)
     lag = stage_latency(problem)
     everything = len(present) == len(adjacency)  # no optional op left out: no membership tests
     for u, after in adjacency.items():  # DAG order: every run lists the same edges alike
         if not everything and u not in present:
             continue
-        out = succs[u]
+        out = succs[node.get(u, u)] if node else succs[u]
         for w in after:
             if everything or w in present:
-                preds[w].append((u, lag(u.stage, w.stage)))
-                out.append(w)
+                if node and node.get(w, w) == node.get(u, u):
+                    pair = node.get(u, u)
+                    raise ProblemError("pairs", f"the pair of {pair} holds {u} and {w}, "
+                                       "which waits for it; pair independent ops")  # fmt: skip
+                preds[node.get(w, w) if node else w].append((u, lag(u.stage, w.stage)))
+                out.append(node.get(w, w) if node else w)
     for u, w in waits:
-        if u not in present or w not in present:
+        if u not in preds or w not in preds:
             raise ProblemError("waits", f"{u} -> {w} names an op that is not in the order")
         preds[w].append((u, 0.0))
         succs[u].append(w)
+    if node:  # a pair's end is its F key's: what waits for the backward half waits for it
+        for waited in preds.values():
+            waited[:] = [(node.get(u, u), lag_) for u, lag_ in waited]
     return preds, succs
 
 
-def _check_order(problem: Problem, dag: nx.DiGraph, order: Streams) -> set[OpKey]:
+def _check_order(
+    problem: Problem, dag: nx.DiGraph, order: Streams, pairs: Mapping[OpKey, OpKey]
+) -> set[OpKey]:
     present: set[OpKey] = set()
     devices = [problem.device_of(s) for s in range(problem.num_stages)]
     streams = {kind: stream_of(kind) for kind in OpKind}
@@ -340,6 +378,13 @@ def _check_order(problem: Problem, dag: nx.DiGraph, order: Streams) -> set[OpKey
                     f"{problem.device_of(key.stage)} {stream_of(key.kind).value}",
                 )
             present.add(key)
+    for f, back in pairs.items():
+        if f.kind is not OpKind.F or f not in present or back.kind not in BACKWARD_KINDS:
+            raise ProblemError("pairs", f"{f} with {back}: pair a listed F with a B or BW")
+        if back not in dag or back in present or devices[back.stage] != devices[f.stage]:
+            raise ProblemError("pairs", f"{back} (paired with {f}) is not an op of its device "
+                               "listed nowhere else")  # fmt: skip
+        present.add(back)
     missing = [k for k in required_ops(dag) if k not in present]
     if missing:
         raise ProblemError("order", f"{missing[0]} is missing ({len(missing)} ops in all)")

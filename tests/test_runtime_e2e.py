@@ -60,6 +60,13 @@ def with_copy_costs(problem: Problem, t_offload: float = 0.3, t_reload: float = 
     return problem.replace(stages=stages, offload=True)
 
 
+def with_comm(problem: Problem) -> Problem:
+    """Communication in every F and B, so that overlapped pairs save time."""
+    stages = tuple(dataclasses.replace(st, t_f_comm=0.3 * st.t_f, t_b_comm=0.3 * st.t_b)
+                   for st in problem.stages)  # fmt: skip
+    return problem.replace(stages=stages)
+
+
 def cpsat(problem: Problem) -> Schedule:
     return solve(problem, solver="cpsat", time_limit=5, threads=1, seed=0).schedule
 
@@ -91,6 +98,14 @@ CASES_P2: dict[str, SchedulesBuilder] = {
     ),  # fmt: skip
     "overtaking-renumbered": lambda: in_runtime_order(
         overtaking_schedule(uniform_problem(p=2, m=4, t_comm=0.1))
+    ),
+    # Overlapped pairs (OVERLAP_F_B actions, run by PyTorch as their halves in sequence).
+    "dualpipev-overlap": lambda: baseline(
+        "dualpipev-overlap", with_comm(uniform_problem(p=2, m=4, placement="v", v=2, t_comm=0.1))
+    ),
+    "interleaved-1f1b-a2a": lambda: baseline(
+        "interleaved-1f1b-a2a",
+        with_comm(uniform_problem(p=2, m=4, v=2, t_comm=0.1, split_backward=False)),
     ),
 }
 CASES_P4: dict[str, SchedulesBuilder] = {

@@ -14,7 +14,7 @@ from torch_pipeline_helpers import make_schedule, uneven_problem
 
 from pp_opt.errors import PPOptError, ProblemError
 from pp_opt.export.torch_csv import TORCH_TYPE, torch_actions, torch_csv_rows, write_torch_csv
-from pp_opt.ops import Stream
+from pp_opt.ops import OpKind, Stream
 from pp_opt.problem import Problem, uniform_problem
 from pp_opt.schedule import Schedule
 
@@ -210,3 +210,70 @@ def test_recompute_schedule_is_refused():
     schedule = timed(problem, order)
     with pytest.raises(PPOptError, match="recompute"):
         torch_csv_rows(schedule)
+
+
+# ---------------------------------------------------------------- overlapped pairs
+
+
+def _paired(name: str) -> Schedule:
+    from pp_opt.orders import baseline
+
+    if name == "dualpipev-overlap":
+        problem = uniform_problem(p=2, m=4, placement="v", v=2, t_comm=0.1)
+    else:
+        problem = uniform_problem(p=2, m=4, v=2, t_comm=0.1, split_backward=False)
+    stages = tuple(dataclasses.replace(st, t_f_comm=0.2 * st.t_f, t_b_comm=0.3 * st.t_b)
+                   for st in problem.stages)  # fmt: skip
+    return baseline(name, problem.replace(stages=stages))
+
+
+PAIRED = ("dualpipev-overlap", "interleaved-1f1b-a2a")
+
+
+@pytest.mark.parametrize("name", PAIRED)
+def test_pairs_are_written_as_overlap_f_b_cells(name):
+    schedule = _paired(name)
+    rows = torch_csv_rows(schedule)
+    letter = {OpKind.B: "I", OpKind.BW: "B"}
+    expected = []
+    for d in range(schedule.problem.p):
+        row = []
+        for op in schedule.stream_order(d, Stream.COMPUTE):
+            if op.partner is None:
+                row.append(f"{op.stage}{TORCH_TYPE[op.kind]}{op.microbatch}")
+            else:
+                back = op.partner
+                row.append(f"({op.stage}F{op.microbatch};{back.stage}{letter[back.kind]}"
+                           f"{back.microbatch})OVERLAP_F_B")  # fmt: skip
+        expected.append(row)
+    assert rows == expected
+    assert any("OVERLAP_F_B" in cell for row in rows for cell in row)
+
+
+@pytest.mark.parametrize("name", PAIRED)
+@pytest.mark.parametrize("fmt", ["compute_only", "compute_comms"])
+def test_pairs_round_trip_through_pytorch_load_csv(torch_schedules, tmp_path, name, fmt):
+    schedule = _paired(name)
+    problem = schedule.problem
+    path = tmp_path / "order.csv"
+    write_torch_csv(schedule, path, format=fmt)
+    runtime = _runtime(torch_schedules, problem)
+    runtime._load_csv(str(path), format=fmt)
+    overlap = torch_schedules._ComputationType.OVERLAP_F_B
+    if fmt == "compute_only":
+        order = runtime.pipeline_order
+    else:
+        order = {r: [a for a in row if a.is_compute_op]
+                 for r, row in runtime.pipeline_order_with_comms.items()}  # fmt: skip
+    parsed = [[str(a) for a in order[r]] for r in range(problem.p)]
+    assert parsed == torch_csv_rows(schedule, format="compute_only")
+    pairs = [a for row in order.values() for a in row if a.computation_type == overlap]
+    assert len(pairs) == sum(1 for op in schedule.ops if op.partner is not None)
+    assert all(len(a.sub_actions) == 2 for a in pairs)
+    skip = (torch_schedules.REDUCE_GRAD, torch_schedules.UNSHARD, torch_schedules.RESHARD)
+    # torch's dry run knows no OVERLAP_F_B: its halves, in the sequence the runtime runs them
+    comms = {r: [h for a in row if a.computation_type not in skip for h in a.sub_actions or (a,)]
+             for r, row in runtime.pipeline_order_with_comms.items()}  # fmt: skip
+    torch_schedules._simulate_comms_compute(
+        comms, lambda s: runtime.stage_index_to_group_rank[s], problem.num_stages
+    )

@@ -26,7 +26,8 @@ def baseline(
         ...,
         help="gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, v-half, v-min, pipeoffload; "
         "or PyTorch's GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "
-        "ZBVZeroBubble, DualPipeV",
+        "ZBVZeroBubble, DualPipeV; or with overlapped F/B pairs: dualpipev-overlap, dualpipe, "
+        "interleaved-1f1b-a2a",
     ),
     problem_path: Path = typer.Argument(..., metavar="PROBLEM", help="Problem TOML or JSON."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write schedule JSON."),

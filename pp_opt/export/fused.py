@@ -9,7 +9,7 @@ caps.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pp_opt.errors import ProblemError
 from pp_opt.ops import OpKey, OpKind, Stream
@@ -53,15 +53,19 @@ def fused_backward_schedule(schedule: Schedule) -> FusedCost:
         )  # fmt: skip
     problem = schedule.problem
     per_device = []
+    pairs: dict[OpKey, OpKey] = {}  # an overlapped pair keeps its forward, now with a BW
     for device in range(problem.p):
         ops = []
         for op in schedule.stream_order(device, Stream.COMPUTE):
             if op.kind is OpKind.W:
                 continue
+            if op.partner is not None:
+                pairs[op.order_key] = op.partner._replace(kind=OpKind.BW)
             kind = OpKind.BW if op.kind is OpKind.B else op.kind
-            ops.append(OpKey(kind, op.stage, op.microbatch))
+            ops.append(op.order_key if op.partner else OpKey(kind, op.stage, op.microbatch))
         per_device.append(ops)
-    fused = simulate(compute_order(problem, per_device, FUSED, "fused backward"))
+    order = compute_order(problem, per_device, FUSED, "fused backward")
+    fused = simulate(replace(order, pairs=pairs))
     violations = tuple(str(v) for v in validate(fused))
     return FusedCost(
         schedule=fused, split_makespan=schedule.metrics.makespan,

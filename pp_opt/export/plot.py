@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pp_opt.errors import PPOptError, ProblemError
 from pp_opt.export.trace import time_unit
 from pp_opt.metrics import memory_profile
-from pp_opt.ops import OpKind, Stream
+from pp_opt.ops import STREAM_ORDER, OpKind, Stream
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule, ScheduledOp
 
@@ -33,6 +33,7 @@ KIND_COLORS = {
     OpKind.R: "#8c8c8c",
     OpKind.OFFLOAD: "#d65f5f",
     OpKind.RELOAD: "#17a2b8",
+    OpKind.FB: "#d5a62a",
 }
 """Fill colour of each op kind; later chunks of a device are drawn lighter."""
 
@@ -247,7 +248,7 @@ def _compute_slots(schedule: Schedule) -> float:
 def _row_layout(schedule: Schedule) -> dict[tuple[int, Stream], tuple[float, float]]:
     """Centre and height of each (device, stream) row; copy rows only if the schedule copies."""
     copies = any(op.stream is not Stream.COMPUTE for op in schedule.ops)
-    streams = (Stream.COMPUTE, Stream.D2H, Stream.H2D) if copies else (Stream.COMPUTE,)
+    streams = STREAM_ORDER if copies else (Stream.COMPUTE,)
     rows: dict[tuple[int, Stream], tuple[float, float]] = {}
     y = 0.0
     for device in range(schedule.problem.p):
@@ -316,7 +317,7 @@ def _label_row(
     narrow for their number at that size stay blank.
     """
     dpi = ax.figure.dpi
-    digits = max(len(str(op.microbatch)) for op in ops)
+    digits = max(len(_op_text(op)) for op in ops)
     typical_px = sorted(op.duration for op in ops)[len(ops) // 2] * px_per_time
     fit_width = (typical_px * 0.88 - 2.0) / (digits * _DIGIT_EM) * 72.0 / dpi
     size = min(8.0, 0.62 * box_px * 72.0 / dpi, fit_width)
@@ -326,12 +327,19 @@ def _label_row(
         return
     digit_px = _DIGIT_EM * size * dpi / 72.0
     for op in ops:
-        text = str(op.microbatch)
+        text = _op_text(op)
         if op.duration * px_per_time * 0.9 < len(text) * digit_px + 2.0:
             continue
         label = ax.text(op.start + op.duration / 2, y, text, ha="center", va="center",
                         fontsize=size, color="black", clip_on=True)  # fmt: skip
         label.set_in_layout(False)  # inside the axes: constrained layout need not measure it
+
+
+def _op_text(op: ScheduledOp) -> str:
+    """The microbatch in an op's box; a pair's two, forward first (``3/1``)."""
+    if op.partner is not None:
+        return f"{op.microbatch}/{op.partner.microbatch}"
+    return str(op.microbatch)
 
 
 def _style_gantt(

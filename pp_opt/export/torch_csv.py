@@ -3,8 +3,10 @@
 
 One row per rank; each cell is ``{stage}{type}{microbatch}`` with ``F`` forward,
 ``I`` backward-input (our ``B``), ``W`` backward-weight and ``B`` fused backward
-(our ``BW``). ``compute_only`` lists compute actions in the schedule's order and
-lets PyTorch add communication; ``compute_comms`` also places
+(our ``BW``); an overlapped pair ``FB`` is ``({s}F{i};{s2}I{j})OVERLAP_F_B`` (``B`` for a
+fused backward half), which PyTorch (>= 2.8) runs as its two halves in sequence unless a
+function is registered for ``OVERLAP_F_B``. ``compute_only`` lists compute actions in the
+schedule's order and lets PyTorch add communication; ``compute_comms`` also places
 ``SEND_F/RECV_F/SEND_B/RECV_B`` and ``{stage}REDUCE_GRAD`` where the solved times
 put them: a send right after the op that produces it, a receive at the time its
 message is sent (before the op that consumes it), so receives between two ranks
@@ -24,9 +26,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from pp_opt.errors import PPOptError, ProblemError
-from pp_opt.ops import OpKey, OpKind, Stream
+from pp_opt.ops import COPY_KINDS, OpKey, OpKind, Stream
 from pp_opt.problem import Problem
-from pp_opt.schedule import Schedule, ScheduledOp
+from pp_opt.schedule import Schedule, ScheduledOp, dag_ops
 from pp_opt.time_rule import counts_before, time_slack
 
 logger = logging.getLogger(__name__)
@@ -34,7 +36,8 @@ logger = logging.getLogger(__name__)
 FORMATS = ("compute_only", "compute_comms")
 TORCH_TYPE = {OpKind.F: "F", OpKind.B: "I", OpKind.W: "W", OpKind.BW: "B"}
 """PyTorch's action letter of each compute op kind."""
-COPY_KINDS = (OpKind.OFFLOAD, OpKind.RELOAD)
+OVERLAP = "OVERLAP_F_B"
+"""PyTorch's action of an overlapped pair (our ``FB``)."""
 
 
 class TorchAction(NamedTuple):
@@ -45,14 +48,22 @@ class TorchAction(NamedTuple):
     """``F``, ``I``, ``W``, ``B``, ``SEND_F``, ``RECV_F``, ``SEND_B``, ``RECV_B``,
     ``REDUCE_GRAD``, or (runtime only) ``OFFLOAD`` / ``RELOAD``."""
     microbatch: int | None = None
+    sub: tuple[TorchAction, ...] = ()
+    """The halves of an ``OVERLAP_F_B`` action (its ``stage`` is -1, as in PyTorch)."""
 
     def __str__(self) -> str:
+        if self.sub:
+            return f"({';'.join(str(a) for a in self.sub)}){self.kind}"
         mb = "" if self.microbatch is None else str(self.microbatch)
         return f"{self.stage}{self.kind}{mb}"
 
     @property
     def is_compute(self) -> bool:
-        return self.kind in ("F", "I", "W", "B")
+        return self.kind in ("F", "I", "W", "B", OVERLAP)
+
+    def computes(self) -> tuple[TorchAction, ...]:
+        """The compute actions it runs: its halves for a pair, else itself."""
+        return self.sub or (self,)
 
 
 def torch_csv_rows(
@@ -96,11 +107,13 @@ def torch_csv_rows(
 
 def fuse_backward(actions: list[TorchAction]) -> list[TorchAction]:
     """``I`` becomes a fused ``B`` where it stands; its ``W`` is dropped."""
-    return [
-        TorchAction(a.stage, "B", a.microbatch) if a.kind == "I" else a
-        for a in actions
-        if a.kind != "W"
-    ]
+
+    def fused(a: TorchAction) -> TorchAction:
+        if a.sub:
+            return a._replace(sub=tuple(fused(half) for half in a.sub))
+        return TorchAction(a.stage, "B", a.microbatch) if a.kind == "I" else a
+
+    return [fused(a) for a in actions if a.kind != "W"]
 
 
 def write_torch_csv(
@@ -137,6 +150,10 @@ def torch_actions(
     if format not in FORMATS:
         raise ProblemError("format", f"unknown {format!r}; use 'compute_only' or 'compute_comms'")
     problem = schedule.problem
+    if problem.placement == "dual":
+        raise ProblemError("schedule", "a dual-placement (DualPipe) schedule runs two copies "
+                           "of the model, which PyTorch pipelining cannot; run it with "
+                           "DeepSeek's DualPipe, or export a v-placement schedule")  # fmt: skip
     recomputed = [op for op in schedule.ops if op.kind is OpKind.R]
     if recomputed:
         raise PPOptError(
@@ -196,11 +213,14 @@ def _rank_blocks(schedule: Schedule, rank: int, format: str) -> list[_Block]:
             action = TorchAction(op.stage, op.kind.value, op.microbatch)
             blocks.append(_Block(start=op.start, end=op.end, actions=[action]))
             continue
-        actions = [TorchAction(op.stage, TORCH_TYPE[op.kind], op.microbatch)]
+        halves = op.halves()
+        computes = [TorchAction(h.stage, TORCH_TYPE[h.kind], h.microbatch) for h in halves]
+        actions = [TorchAction(-1, OVERLAP, None, tuple(computes))] if op.partner else computes
         if comms:
-            actions += _sends(problem, op)
-            if last_backward.get(op.stage) == op.key:
-                actions.append(TorchAction(op.stage, "REDUCE_GRAD"))
+            actions += [send for half in halves for send in _sends(problem, half)]
+            for half in halves:
+                if last_backward.get(half.stage) == half.key:
+                    actions.append(TorchAction(half.stage, "REDUCE_GRAD"))
         blocks.append(_Block(start=op.start, end=op.end, actions=actions))
     return blocks
 
@@ -217,6 +237,8 @@ def _merge_streams(schedule: Schedule, rank: int) -> list[ScheduledOp]:
     tie = {OpKind.RELOAD: 0, OpKind.OFFLOAD: 1}
 
     def ready(op: ScheduledOp) -> bool:
+        if op.partner is not None:  # a pair: its backward half waits for its reload
+            op = op.halves()[1]
         pair = (op.stage, op.microbatch)
         if op.kind is OpKind.OFFLOAD:
             return (OpKind.F, *pair) in done
@@ -239,7 +261,7 @@ def _merge_streams(schedule: Schedule, rank: int) -> list[ScheduledOp]:
         i = min(candidates)[2]
         op = queues[i][heads[i]]
         heads[i] += 1
-        done.add((op.kind, op.stage, op.microbatch))
+        done.update((half.kind, half.stage, half.microbatch) for half in op.halves())
         merged.append(op)
     return merged
 
@@ -247,7 +269,7 @@ def _merge_streams(schedule: Schedule, rank: int) -> list[ScheduledOp]:
 def _last_backward(schedule: Schedule, rank: int) -> dict[int, OpKey]:
     """Per stage, the op after which PyTorch reduces its gradients (last ``W`` or ``BW``)."""
     last: dict[int, OpKey] = {}
-    for op in schedule.stream_order(rank, Stream.COMPUTE):
+    for op in dag_ops(schedule.stream_order(rank, Stream.COMPUTE)):
         if op.kind in (OpKind.W, OpKind.BW):
             last[op.stage] = op.key
     return last
@@ -298,7 +320,8 @@ def _insert_receives(problem: Problem, blocks: dict[int, list[_Block]], slack: f
         consumer = {
             (a.stage, a.kind in ("I", "B"), a.microbatch): i
             for i, b in enumerate(rank_blocks)
-            for a in b.actions[:1]
+            for first in b.actions[:1]
+            for a in first.computes()
             if a.kind in ("F", "I", "B")
         }
         starts = [b.start for b in rank_blocks]

@@ -122,8 +122,14 @@ def _meta(name: str, pid: int, tid: int, args: dict[str, Any]) -> dict[str, Any]
 
 
 def _op_event(op: ScheduledOp, device: int, scale: float) -> dict[str, Any]:
+    name = f"{op.kind.value} s{op.stage} mb{op.microbatch}"
+    pair: dict[str, Any] = {}
+    if op.partner is not None:  # an overlapped pair: name its backward half too
+        back = op.partner
+        name += f" + {back.kind.value} s{back.stage} mb{back.microbatch}"
+        pair = {"stage_b": back.stage, "microbatch_b": back.microbatch, "backward": back.kind.value}
     return {
-        "name": f"{op.kind.value} s{op.stage} mb{op.microbatch}",
+        "name": name,
         "cat": op.kind.value,
         "ph": "X",
         "pid": device_pid(device),
@@ -134,6 +140,7 @@ def _op_event(op: ScheduledOp, device: int, scale: float) -> dict[str, Any]:
             "op": op.kind.value,
             "stage": op.stage,
             "microbatch": op.microbatch,
+            **pair,
             "device": device,
             "fraction": op.fraction,
             "start": op.start,

@@ -16,6 +16,11 @@ from pp_opt.orders.memory.controllable_memory import v_half, v_min
 from pp_opt.orders.memory.list_schedules import fallback, greedy_bfw, greedy_lazy_w
 from pp_opt.orders.memory.pipeoffload import pipeoffload
 from pp_opt.orders.patterns.classic import gpipe, interleaved_1f1b, one_f_one_b
+from pp_opt.orders.patterns.overlapped import (
+    dual_pipe,
+    dual_pipe_v_overlapped,
+    interleaved_1f1b_a2a,
+)
 from pp_opt.orders.patterns.pytorch_schedules import DESCRIPTIONS as PYTORCH_DESCRIPTIONS
 from pp_opt.orders.patterns.pytorch_schedules import GENERATORS as PYTORCH_GENERATORS
 from pp_opt.orders.patterns.vshape import zb_v
@@ -44,6 +49,8 @@ class Entry:
     """Placements whose problems it keeps (a warm start is only tried on those); None for
     any. ``v-half`` on a ``loop`` problem, say, re-splits it: fine for ``pp-opt baseline``,
     useless as a warm start."""
+    pairs: bool = False
+    """Its orders overlap F/B pairs: a warm start only where the problem allows pairs."""
     options: frozenset[str] = frozenset()
     """Which of :data:`OPTIONS` it takes: ``fraction`` (the largest offload fraction
     allowed), ``deadline`` (a ``time.perf_counter()`` value by which to return its best)."""
@@ -101,6 +108,25 @@ REGISTRY: dict[str, Entry] = {
         name: Entry(generator=generator, description=PYTORCH_DESCRIPTIONS[name])
         for name, generator in PYTORCH_GENERATORS.items()
     },
+    # Schedules with overlapped F/B pairs (pp_opt.orders.patterns.overlapped): run by name.
+    "dualpipev-overlap": Entry(
+        generator=dual_pipe_v_overlapped,
+        description="PyTorch's DualPipeV with its OVERLAP_F_B pairs overlapped (v, m >= 2p)",
+        warm_start=True,
+        pairs=True,
+        placements=frozenset({"v"}),
+    ),
+    "dualpipe": Entry(
+        generator=dual_pipe,
+        description="DeepSeek's DualPipe: two model copies, microbatches from both ends (dual)",
+    ),
+    "interleaved-1f1b-a2a": Entry(
+        generator=interleaved_1f1b_a2a,
+        description="Megatron-Core interleaved 1F1B with A2A overlap: steady-state F/B pairs",
+        warm_start=True,
+        pairs=True,
+        placements=frozenset({"loop"}),
+    ),
     # New generators go here: import them above and add one entry each (_classic for a
     # fixed pattern listed by `pp-opt baseline`, _rule for a warm-start rule, _searched
     # for a rule schedule that searches its own parameters).

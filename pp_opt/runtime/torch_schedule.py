@@ -173,6 +173,9 @@ def check_stages(
 
 
 def to_torch_action(action: TorchAction) -> _Action:
+    if action.sub:  # an overlapped pair: PyTorch's OVERLAP_F_B with its two halves
+        halves = tuple(to_torch_action(a) for a in action.sub)
+        return _Action(action.stage, _ComputationType(action.kind), None, halves)
     if action.kind in ("OFFLOAD", "RELOAD"):
         kind: Any = OffloadActionType(action.kind)
     else:

@@ -33,6 +33,7 @@ from pp_opt.solvers.base import (
     SolveOptions,
     pins_copies,
 )
+from pp_opt.solvers.pair_phases import decides_pairs, pairs_open, unpaired_first
 from pp_opt.solvers.process.isolation import (
     fluid_isolated,
     improve_isolated,
@@ -165,6 +166,10 @@ def solve(
     bound = lower_bound(problem, options.objective, offload_fractions=fractions)
     fluid = _fluid(problem, options, bound, end)
     bound = bound if fluid is None else max(bound, fluid.value)
+    if solver == "cpsat" and pairs_open(problem):  # without pairs first (pair_phases)
+        run = partial(_backend_phase, solver, bound=bound, fluid=False)
+        options, warm = unpaired_first(problem, options, warm, end, run,
+                                       partial(_checked, problem, solver=solver))  # fmt: skip
     result = _backend_phase(solver, problem, options, bound, end, fluid=fluid is not None)
     bound = bound if result.bound is None else max(bound, result.bound)
     chosen = _better(_checked(problem, result, solver), warm, solver, result.status, time_limit)
@@ -190,6 +195,9 @@ def _prepare(
                 offload_fractions=offload_fractions)  # fmt: skip
     if solver not in SOLVERS:
         raise ProblemError("solver", f"unknown {solver!r}; use one of {', '.join(SOLVERS)}")
+    if problem.placement == "dual":
+        raise ProblemError("placement", "the dual placement is DeepSeek's DualPipe baseline "
+                           "only; solve the v placement (DualPipeV's) instead")  # fmt: skip
     objective = objective or problem.objective
     if objective not in OBJECTIVES:
         raise ProblemError("objective", f"unknown {objective!r}; use 'makespan' or 'span'")
@@ -230,7 +238,9 @@ def _backend_phase(
     share = FULL_MODEL_SHARE if search and ops > FULL_MODEL_ALONE_OPS else 1.0
     if search and pins_copies(problem):
         share = max(share, PINNED_BACKEND_SHARE)  # the pinned copies need it (cpsat.pinned)
-    return _run_backend(solver, problem, dag_for(problem), options, end, share=share)
+    result = _run_backend(solver, problem, dag_for(problem), options, end, share=share)
+    # Where pairs may form that the backend does not decide, its bound is not the problem's.
+    return result if decides_pairs(solver, problem) else replace(result, bound=None)
 
 
 def _better(
@@ -352,6 +362,8 @@ def _fluid(problem: Problem, options: SolveOptions, bound: float, end: float) ->
     warm = options.warm_start
     if warm is None or not applies(problem, options.objective) or _stopped(options):
         return None
+    if pairs_open(problem):
+        return None  # its programs know no overlapped pairs
     upper = _value(warm)
     seconds = min(FLUID_SHARE * options.time_limit, end - time.perf_counter())
     if _proved(upper, bound) or seconds < FLUID_MIN_SECONDS:

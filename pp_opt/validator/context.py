@@ -25,11 +25,13 @@ class Context:
     ops: tuple[ScheduledOp, ...]
     """Every op of the schedule, as it is."""
     placed: list[ScheduledOp]
-    """Ops on an existing stage with finite times: those that occupy a stream and memory."""
+    """Ops on an existing stage with finite times: those that occupy a stream (an
+    overlapped pair is one op here)."""
     by_device: list[list[ScheduledOp]]
-    """``placed`` split by device (checks walk one device at a time)."""
+    """The DAG ops of ``placed`` (each pair as its two halves, :meth:`ScheduledOp.halves`)
+    split by device: what holds memory (checks walk one device at a time)."""
     first: dict[OpKey, ScheduledOp]
-    """The earliest copy of each placed op that is a node of the DAG."""
+    """The earliest copy of each placed DAG op (pair halves included)."""
     recomputed: set[tuple[int, int]]
     """(stage, microbatch) pairs with an ``R`` op: their ``F`` keeps only ``m_in``."""
     time_tol: float
@@ -55,11 +57,12 @@ def make_context(schedule: Schedule, tol: float) -> Context:
     problem = schedule.problem
     dag = dag_for(problem, schedule.variant)
     placed = [op for op in schedule.ops if is_placed(problem, op)]
+    halves = [half for op in placed for half in op.halves() if is_placed(problem, half)]
     by_device: list[list[ScheduledOp]] = [[] for _ in range(problem.p)]
-    for op in placed:
+    for op in halves:
         by_device[problem.device_of(op.stage)].append(op)
     first: dict[OpKey, ScheduledOp] = {}
-    for op in sorted(placed, key=lambda o: (o.start, o.end)):
+    for op in sorted(halves, key=lambda o: (o.start, o.end)):
         key = op.key
         if key in dag:
             first.setdefault(key, op)

@@ -6,19 +6,26 @@ import math
 from collections import defaultdict
 
 from pp_opt.dag import required_ops
-from pp_opt.ops import OpKey, OpKind, duration, stream_of
+from pp_opt.ops import (
+    BACKWARD_KINDS,
+    COPY_KINDS,
+    OpKey,
+    OpKind,
+    Stream,
+    duration,
+    pair_time,
+    stream_of,
+)
 from pp_opt.schedule import ScheduledOp
 from pp_opt.validator.context import Context
 from pp_opt.validator.violation import Violation
-
-COPY_KINDS = (OpKind.OFFLOAD, OpKind.RELOAD)
 
 
 def check_presence(ctx: Context) -> list[Violation]:
     """Each op of the DAG variant at most once, nothing else, and every required op."""
     violations = []
     starts: dict[OpKey, list[float]] = defaultdict(list)
-    for op in ctx.ops:
+    for op in (half for listed in ctx.ops for half in listed.halves()):
         key = op.key
         if key in ctx.dag:
             starts[key].append(op.start)
@@ -82,6 +89,9 @@ def check_each_op(ctx: Context) -> list[Violation]:
     for op in ctx.ops:
         if not 0 <= op.stage < stages:
             continue  # reported as unknown_op; it has no device, stream or cost
+        if op.kind is OpKind.FB or op.partner is not None:
+            violations += _pair_problems(ctx, op)
+            continue
         cost = costs.get((op.kind, op.stage))
         if cost is None:
             cost = costs[op.kind, op.stage] = duration(ctx.problem, op.kind, op.stage)
@@ -150,3 +160,36 @@ def _fraction_problems(op: ScheduledOp) -> list[tuple[str, str, float]]:
             )
         ]
     return []
+
+
+def _pair_problems(ctx: Context, op: ScheduledOp) -> list[Violation]:
+    """An overlapped pair: an ``F`` with a ``B`` or ``BW`` of the same device, on the
+    compute stream, lasting :func:`~pp_opt.ops.pair_time`."""
+    problem, back, device = ctx.problem, op.partner, ctx.problem.device_of(op.stage)
+    found: list[tuple[str, str, float]] = []
+    if op.kind is not OpKind.FB or back is None or back.kind not in BACKWARD_KINDS:
+        what = "no backward half" if back is None else f"{op.kind.value} with {back}"
+        found.append(("pair", f"{what}; a pair is an FB of an F and a B or BW", 1.0))
+    elif not 0 <= back.stage < problem.num_stages:
+        found.append(("pair", f"its backward half's stage {back.stage} does not exist", 1.0))
+    elif problem.device_of(back.stage) != device:
+        found.append(("pair", f"its backward half {back} runs on device "
+                      f"{problem.device_of(back.stage)}, not {device}; pair ops of one device",
+                      1.0))  # fmt: skip
+    if op.stream is not Stream.COMPUTE:
+        found.append(("stream", f"listed on the {op.stream.value} stream; FB runs on compute", 1.0))
+    if not math.isfinite(op.start):
+        found.append(("start", f"start is {op.start}; give a finite time", math.inf))
+    elif op.start < -ctx.time_tol:
+        found.append(("start", f"starts at {op.start:.6g}, before time 0", -op.start))
+    found += _fraction_problems(op)
+    if not found and math.isfinite(op.end) and back is not None:
+        cost = pair_time(problem, op.stage, back.stage, back.kind)
+        if abs(op.duration - cost) > ctx.time_tol:
+            found.append(("duration", f"runs {op.duration:.6g} (from {op.start:.6g} to "
+                          f"{op.end:.6g}); the pair's time is {cost:.6g}",
+                          abs(op.duration - cost)))  # fmt: skip
+    elif not math.isfinite(op.end):
+        found.append(("duration", f"end is {op.end}; give a finite time", math.inf))
+    return [Violation(rule=rule, message=message, op=op.key, device=device, amount=amount)
+            for rule, message, amount in found]  # fmt: skip

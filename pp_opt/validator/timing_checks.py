@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
-from pp_opt.ops import Stream, stream_of
+from pp_opt.ops import STREAMS, Stream, stream_of
 from pp_opt.schedule import ScheduledOp
 from pp_opt.validator.context import Context
 from pp_opt.validator.violation import Violation
@@ -66,7 +66,7 @@ def check_host_links(ctx: Context) -> list[Violation]:
     for group in ctx.problem.host_links:
         if len(group) < 2:
             continue
-        for stream in (Stream.D2H, Stream.H2D):
+        for stream in (s for s, row in STREAMS.items() if row.host_copy):
             ops = [
                 op
                 for op in ctx.placed

@@ -18,7 +18,9 @@ RULES: dict[str, str] = {
     "unknown_op": "an op that is not part of the problem (or of the schedule's op variant)",
     "missing": "a required op (F, B/BW, W) is absent",
     "stream": "an op is listed on another stream than the one its kind runs on",
-    "duration": "end - start differs from the op's cost (pp_opt.ops.duration)",
+    "duration": "end - start differs from the op's cost (pp_opt.ops.duration, or "
+    "pp_opt.ops.pair_time for a pair)",
+    "pair": "an overlapped pair FB whose backward half is not a B or BW on the F half's device",
     "start": "an op starts before time 0 (or at a time that is not a finite number)",
     "fraction": "an offload fraction outside (0, 1], or a fraction on an op that moves nothing",
     "dependency": "an op starts before a DAG predecessor's end plus the edge latency",

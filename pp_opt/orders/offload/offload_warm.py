@@ -13,7 +13,7 @@ from pp_opt.metrics import compute_metrics
 from pp_opt.ops import BACKWARD_KINDS, OpKind, Stream, duration
 from pp_opt.order import Order, Variant
 from pp_opt.problem import Device, Problem
-from pp_opt.schedule import Schedule, ScheduledOp
+from pp_opt.schedule import Schedule, ScheduledOp, dag_ops
 from pp_opt.simulator import order_of
 
 
@@ -60,7 +60,7 @@ def with_offloads(problem: Problem, schedule: Schedule, fraction: float) -> Orde
     compute = [op for op in schedule.ops if op.stream is Stream.COMPUTE]
     ops: list[ScheduledOp] = list(compute)
     for device in range(problem.p):
-        own = [op for op in compute if problem.device_of(op.stage) == device]
+        own = dag_ops(op for op in compute if problem.device_of(op.stage) == device)
         f_end = {(op.stage, op.microbatch): op.end for op in own if op.kind is OpKind.F}
         b_start = {(op.stage, op.microbatch): op.start for op in own if op.kind in BACKWARD_KINDS}
         offloads: dict[tuple[int, int], tuple[float, float]] = {}
@@ -86,4 +86,4 @@ def with_offloads(problem: Problem, schedule: Schedule, fraction: float) -> Orde
     order = order_of(placed)
     name = f"{schedule.solver.name}+offload"
     return Order(problem=problem, streams=order.streams, fractions=order.fractions,
-                 waits=order.waits, variant=variant, name=name)  # fmt: skip
+                 waits=order.waits, pairs=order.pairs, variant=variant, name=name)  # fmt: skip

@@ -187,6 +187,8 @@ class _DualPipeRank:
         self.count: dict[tuple[int, OpKind], int] = defaultdict(int)
         self.queue: list[OpKey] = []
         self.ops: list[OpKey] = []
+        self.pairs: dict[OpKey, OpKey] = {}
+        """Each ``OVERLAP_F_B``: its forward's key and its backward's (``B``, before its ``W``)."""
 
     def forward(self, chunk: int) -> None:
         stage = self.stages[chunk]
@@ -208,15 +210,28 @@ class _DualPipeRank:
         if self.queue:
             self.ops.append(self.queue.pop(0))
 
-    def overlap(self, forward: int, backward: int) -> None:
-        """PyTorch's ``OVERLAP_F_B``, run one after the other: forward, then full backward."""
+    def overlap(self, forward: int, backward: int, *, paired: bool = True) -> None:
+        """PyTorch's ``OVERLAP_F_B``: forward, then full backward, in :attr:`pairs` when
+        ``paired`` (PyTorch's own plain ``F`` then ``B`` when not)."""
         self.forward(forward)
         self.backward(backward, full=True)
+        if paired:
+            self.pairs[self.ops[-3]] = self.ops[-2]
 
 
 def dual_pipe_v_rank(rank: int, p: int, m: int) -> list[OpKey]:
     """PyTorch's DualPipeV order of one rank (stages ``rank`` and ``2p - 1 - rank``)."""
-    o = _DualPipeRank((rank, 2 * p - 1 - rank))
+    return dual_pipe_v_steps(rank, p, m).ops
+
+
+def dual_pipe_v_steps(
+    rank: int, p: int, m: int, stages: tuple[int, int] | None = None
+) -> _DualPipeRank:
+    """PyTorch's DualPipeV of one rank (``_calculate_single_rank_operations``, torch 2.13):
+    its order and its overlapped pairs. ``stages`` are its chunks 0 and 1 (``rank`` and
+    ``2p - 1 - rank`` by default); DeepSeek's DualPipe runs the same steps on each half of
+    its ranks, with other chunks."""
+    o = _DualPipeRank(stages or (rank, 2 * p - 1 - rank))
     for _ in range(2 * (p - rank - 1)):  # 1: F0
         o.forward(0)
     for _ in range(rank + 1):  # 2: F0 F1
@@ -226,9 +241,9 @@ def dual_pipe_v_rank(rank: int, p: int, m: int) -> list[OpKey]:
         o.backward(1, full=False)
         o.weight()
         o.forward(1)
-    for _ in range(m - 2 * p + rank + 1):  # 4: F0B1 F1B0 (overlapped in PyTorch)
-        o.overlap(0, 1)  # the last rank's first one is not overlapped: same order
-        o.overlap(1, 0)
+    for i in range(m - 2 * p + rank + 1):  # 4: F0B1 F1B0 (overlapped in PyTorch)
+        o.overlap(0, 1, paired=not (i == 0 and rank == p - 1))  # PyTorch: "to further
+        o.overlap(1, 0)  # reduce bubble size", the last rank's first one is not overlapped
     for _ in range(p - rank - 1):  # 5: B1, F1B0
         o.backward(1, full=True)
         o.overlap(1, 0)
@@ -244,7 +259,7 @@ def dual_pipe_v_rank(rank: int, p: int, m: int) -> list[OpKey]:
         o.backward(0, full=not split)
     for _ in range(rank + 1):  # 8: W
         o.weight()
-    return o.ops
+    return o
 
 
 def pytorch_dual_pipe_v(problem: Problem) -> Order:

@@ -87,7 +87,9 @@ def candidates(
     entries = [
         (name, entry)
         for name, entry in REGISTRY.items()
-        if entry.warm_start and (names is None or name in names)
+        if entry.warm_start
+        and (names is None or name in names)
+        and (problem.pairs or not entry.pairs)  # paired orders where pairs are allowed
     ]
     large = deadline is not None and op_count(problem) >= LARGE_OPS
     if large:

@@ -117,6 +117,8 @@ def _solve(
             built, options, search, report, started, deadline, (status, objective, bound, ops)
         )
     scale = built.scaling.time
+    if not built.complete:  # a window of the pairs: its optimum and bound are not the problem's
+        status, bound = (Status.FEASIBLE if status == Status.OPTIMAL else status), None
     # Rounded costs or memory make the model's bound a bound of another problem.
     bounds = [bound / scale] if built.scaling.exact and bound is not None else []
     bounds += [] if relaxed is None else [relaxed.value]

@@ -7,7 +7,7 @@ from collections import defaultdict
 import networkx as nx
 from ortools.sat.python import cp_model
 
-from pp_opt.ops import OpKey, OpKind, Stream, memory_delta
+from pp_opt.ops import OpKey, OpKind, Resource, Stream, memory_delta, resource_of
 from pp_opt.runtime_rules import loss_stage, runtime_chains
 from pp_opt.solvers.cpsat.exchange import exchange_pairs
 from pp_opt.solvers.cpsat.variables import OpRef, OpVar, Variables
@@ -43,11 +43,11 @@ def add_precedences(model: cp_model.CpModel, v: Variables, dag: nx.DiGraph) -> N
 
 def add_no_overlap(model: cp_model.CpModel, v: Variables) -> None:
     """One op at a time per (device, stream); devices sharing a host link share its copies."""
-    groups: dict[tuple[tuple[str, int], Stream], list[cp_model.IntervalVar]] = defaultdict(list)
+    groups: dict[Resource, list[cp_model.IntervalVar]] = defaultdict(list)
     for op in v.all_op_vars():
-        link = None if op.stream is Stream.COMPUTE else v.problem.link_group(op.device)
-        owner = ("device", op.device) if link is None else ("link", link)
-        groups[(owner, op.stream)].append(op.interval)
+        groups[resource_of(v.problem, op.device, op.stream)].append(op.interval)
+    for pair in v.pairs:  # an overlapped pair holds its device's compute stream once
+        groups[resource_of(v.problem, pair.forward.device, Stream.COMPUTE)].append(pair.interval)
     for intervals in groups.values():
         if len(intervals) > 1:
             model.add_no_overlap(intervals)
@@ -170,7 +170,8 @@ def symmetry_chains(v: Variables) -> list[tuple[OpKey, OpKey]]:
             for a, b in zip(chain, chain[1:], strict=False):
                 if a in v.ops and b in v.ops:
                     pairs.append((a, b))
-    if len(kinds) > 1:  # every stage's microbatches in order: the slot exchanges hold too
+    if len(kinds) > 1 and not v.pairs:  # every stage's microbatches in order: the slot
+        # exchanges hold too (their swaps assume ops that run alone)
         split = any(k.kind is OpKind.B for k in v.ops)
         pairs += exchange_pairs(p, v.ops, split=split)
     return pairs

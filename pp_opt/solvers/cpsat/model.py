@@ -27,6 +27,7 @@ from pp_opt.solvers.cpsat.constraints import (
 )
 from pp_opt.solvers.cpsat.memory_order import with_orders
 from pp_opt.solvers.cpsat.objective import add_heads_and_tails, add_objective
+from pp_opt.solvers.cpsat.pairs import add_pairs
 from pp_opt.solvers.cpsat.scaling import Scaling, choose_scaling
 from pp_opt.solvers.cpsat.sequence import (
     add_memory_orders,
@@ -40,6 +41,7 @@ from pp_opt.solvers.cpsat.variables import (
     serial_horizon,
 )
 from pp_opt.solvers.cpsat.warm import add_hints, objective_of, warm_times
+from pp_opt.solvers.pairing import candidates, complete
 
 
 @dataclass(kw_only=True, slots=True)
@@ -54,6 +56,10 @@ class CpsatModel:
     """Whether the memory is modelled over the op sequence (:mod:`.sequence`)."""
     upper: int | None = None
     """The warm start's objective (model units), which bounds the model's; None without one."""
+    complete: bool = True
+    """Whether the model holds every schedule of the problem: False where it may pair ops
+    but holds only a window of the pairs (:func:`.pairs.complete`), so that its optimum and
+    bound are those of a restricted problem."""
 
 
 def build_model(
@@ -85,6 +91,8 @@ def build_model(
             horizon = min(horizon, upper)
     model = cp_model.CpModel()
     v = create_variables(model, problem, dag, scaling, horizon=horizon, fractions=fractions)
+    pairs = candidates(v.scaled, dag)
+    add_pairs(model, v, pairs)  # first: the ends of paired ops are variables from here on
     # Constraint families, in this order: the choice per activation, the DAG
     # precedences, the runtimes' order rules, one op per stream, the memory caps, then
     # symmetry breaking.
@@ -95,7 +103,8 @@ def build_model(
     check_time(deadline)
     add_no_overlap(model, v)
     check_time(deadline)
-    sequence = _sequence_memory(options.memory_model, v)
+    sequence = _sequence_memory(options.memory_model, v)  # never with pairs (its orders
+    # assume that a device's compute ops never overlap; a pair's halves do)
     paths = dag
     if sequence:
         chains = symmetry_chains(v)
@@ -117,7 +126,7 @@ def build_model(
     if warm is not None:
         add_hints(model, v, warm, obj, options.objective)
     return CpsatModel(model=model, vars=v, objective=obj, scaling=scaling, sequence_memory=sequence,
-                      upper=upper)  # fmt: skip
+                      upper=upper, complete=not pairs or complete(problem))  # fmt: skip
 
 
 def _sequence_memory(choice: str, v: Variables) -> bool:
@@ -127,7 +136,7 @@ def _sequence_memory(choice: str, v: Variables) -> bool:
                          "'cumulative'")  # fmt: skip
     if choice == "cumulative":
         return False
-    applies = uses_sequence_memory(v)
+    applies = uses_sequence_memory(v) and not v.pairs
     if choice == "sequence" and not applies:
         raise ValueError("memory_model 'sequence' needs a problem without offload and "
                          "recompute; use 'auto' or 'cumulative'")  # fmt: skip

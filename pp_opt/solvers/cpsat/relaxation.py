@@ -38,7 +38,7 @@ import networkx as nx
 from ortools.sat.python import cp_model
 
 from pp_opt.dag import dag_for, longest_paths
-from pp_opt.ops import OpKey, OpKind, Stream, duration, memory_delta
+from pp_opt.ops import OpKey, OpKind, Stream, duration, memory_delta, pair_relaxed
 from pp_opt.order import Variant
 from pp_opt.problem import Problem
 from pp_opt.solvers.cpsat.sequence import add_order_steps
@@ -87,9 +87,13 @@ def device_relaxation_bound(
     relaxation that cannot beat it bounds the problem by ``upper``. Each device gets an
     equal share of what is left of ``time_limit``; the device bounds stop once one
     reaches ``upper``, or when ``search`` (:mod:`pp_opt.solvers.process.stop`) is stopped.
+    With ``problem.pairs`` it bounds the problem of compute alone
+    (:func:`pp_opt.ops.pair_relaxed`): overlapped pairs may hide the communication.
     """
     if problem.offload or problem.recompute:
         return None
+    if problem.pairs:
+        problem = pair_relaxed(problem)
     started = time.perf_counter()
     variants = [Variant.of_problem(problem)]
     if problem.split_backward and any(

@@ -33,10 +33,23 @@ class OpVar:
     present: cp_model.IntVar | None = None
     """None for ops every schedule has; a literal for optional ones."""
     fraction: float = 1.0
+    end_var: cp_model.IntVar | None = None
+    """Its end where it may run in an overlapped pair (:mod:`.pairs`): then the pair's."""
 
     @property
     def end(self) -> cp_model.LinearExprT:
-        return self.start + self.size
+        return self.start + self.size if self.end_var is None else self.end_var
+
+
+@dataclass(kw_only=True, slots=True)
+class PairVar:
+    """One candidate overlapped pair (:mod:`.pairs`): its halves, literal, size, interval."""
+
+    forward: OpVar
+    backward: OpVar
+    literal: cp_model.IntVar
+    size: int
+    interval: cp_model.IntervalVar
 
 
 OpRef = tuple[OpVar, bool]
@@ -74,6 +87,10 @@ class Variables:
     compute ops of one device that nothing orders already (:mod:`.sequence`)."""
     span_vars: dict[int, tuple[cp_model.IntVar, cp_model.IntVar]] = field(default_factory=dict)
     """Per device, first start and last end (``span`` objective only)."""
+    pairs: list[PairVar] = field(default_factory=list)
+    """The candidate overlapped pairs (:mod:`.pairs`)."""
+    alone: dict[OpKey, cp_model.IntVar] = field(default_factory=dict)
+    """Literal "runs alone, not in a pair", for each half of a candidate pair."""
 
     def vars_of(self, key: OpKey) -> list[OpVar]:
         """Every variable copy of an op (one per offload fraction for copies)."""
@@ -102,6 +119,8 @@ def scaled_problem(problem: Problem, scaling: Scaling) -> Problem:
             t_bw=None if st.t_bw is None else t(st.t_bw),
             t_offload=t(st.t_offload),
             t_reload=t(st.t_reload),
+            t_f_comm=min(t(st.t_f_comm), t(st.t_f)),
+            t_b_comm=min(t(st.t_b_comm), t(st.t_b)),
         )
         for st in problem.stages
     )

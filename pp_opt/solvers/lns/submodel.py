@@ -19,6 +19,9 @@ objective. Why a solution is a valid schedule of the whole problem:
 - the memory of each device is a cumulative of the lifetimes that start before its
   cut, so the level is under the cap wherever it can differ from the old schedule's.
 
+Overlapped pairs (``FB``) stay as they are paired: a pair is one op of the sub-model, and
+every DAG edge, order rule, wait and memory event of either half is the pair's.
+
 Times are integers in the units of :func:`pp_opt.solvers.cpsat.scaling.choose_scaling`;
 the caller re-times the result with exact durations and validates it.
 """
@@ -27,12 +30,12 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ortools.sat.python import cp_model
 
 from pp_opt.dag import dag_for
-from pp_opt.ops import OpKey, OpKind, Stream, duration
+from pp_opt.ops import OpKey, OpKind, Stream, duration, pair_time, resource_of
 from pp_opt.problem import Problem
 from pp_opt.runtime_rules import runtime_chains
 from pp_opt.schedule import Schedule, ScheduledOp
@@ -57,10 +60,16 @@ class WindowResult:
     optimal: bool
 
 
+def _duration(problem: Problem, op: ScheduledOp) -> float:
+    """An op's cost: :func:`~pp_opt.ops.duration`, or a pair's :func:`~pp_opt.ops.pair_time`."""
+    if op.partner is not None:
+        return pair_time(problem, op.stage, op.partner.stage, op.partner.kind)
+    return duration(problem, op.kind, op.stage, op.fraction)
+
+
 def queue_of(problem: Problem, device: int, stream: Stream) -> QueueKey:
     """The resource an op uses: its device's stream, or its host link for shared copies."""
-    link = None if stream is Stream.COMPUTE else problem.link_group(device)
-    return ("device", device, stream) if link is None else ("link", link, stream)
+    return resource_of(problem, device, stream)
 
 
 class _Builder:
@@ -80,10 +89,10 @@ class _Builder:
         self.waits = waits
         self.model = cp_model.CpModel()
         self.ops = {op.key: op for op in schedule.ops}
-        self.size = {
-            key: scaling.t(duration(self.problem, key.kind, key.stage, op.fraction))
-            for key, op in self.ops.items()
-        }
+        self.size = {key: scaling.t(_duration(self.problem, op)) for key, op in self.ops.items()}
+        self.alias = {half.key: op.key for op in schedule.ops if op.partner
+                      for half in op.halves()}  # fmt: skip
+        """Each half of a pair (and a pair's F key, as orders name it): the pair's key."""
         self.start0 = {key: scaling.t(op.start) for key, op in self.ops.items()}
         self.top = max(self.start0[k] + self.size[k] for k in self.ops) + 1
         self.start: dict[OpKey, cp_model.IntVar] = {}
@@ -151,8 +160,8 @@ class _Builder:
     def _sharing(self, key: OpKey, stream: Stream) -> list[int]:
         """Devices whose tails an op must end before: its own, and its link's for copies."""
         device = self.device(key)
-        link = None if stream is Stream.COMPUTE else self.problem.link_group(device)
-        return [device] if link is None else list(self.problem.host_links[link])
+        kind, owner, _ = resource_of(self.problem, device, stream)
+        return [device] if kind == "device" else list(self.problem.host_links[owner])
 
     def tail_order(self) -> None:
         """Tail ops after their device's cut, in the old order of every stream and link."""
@@ -168,6 +177,7 @@ class _Builder:
             for before, after in zip(ops, ops[1:], strict=False):
                 self._keep_before(before.key, after.key, 0)
         for u, w in self.waits:
+            u, w = self.alias.get(u, u), self.alias.get(w, w)
             if u in window.tail and w in window.tail:
                 self._keep_before(u, w, 0)
 
@@ -190,7 +200,8 @@ class _Builder:
         edges = [(u, w, self.scaling.t(lat)) for u, w, lat in dag.edges(data="latency")]
         edges += [(u, w, 0) for u, w in runtime_chains(self.problem)]
         for u, w, latency in edges:
-            if u not in self.ops or w not in self.ops:
+            u, w = self.alias.get(u, u), self.alias.get(w, w)
+            if u not in self.ops or w not in self.ops or u == w:
                 continue  # an optional op this schedule does not have
             if self.part(w) == "fixed":
                 continue  # so is u: the old schedule already orders them
@@ -230,6 +241,9 @@ class _Builder:
                 )  # fmt: skip
                 for (ak, a_end), (fk, f_end), amount in match_lifetimes(allocs, frees):
                     alloc, free = OpKey(ak, s, j), OpKey(fk, s, j)
+                    alloc, free = self.alias.get(alloc, alloc), self.alias.get(free, free)
+                    if alloc not in self.ops:
+                        continue  # a stage and microbatch the placement has not (dual)
                     if alloc in window.tail:
                         continue  # inside the tail: bounded by the old schedule's levels
                     demand = self.scaling.mem(amount)
@@ -358,8 +372,7 @@ def solve_window(
     ops = list(window.fixed.values())
     for key, op in (*window.free.items(), *window.tail.items()):
         begin = solver.value(b.start_of(key)) / scale
-        ops.append(ScheduledOp(op.kind, op.stage, op.microbatch, op.stream, begin,
-                               begin + (op.end - op.start), op.fraction))  # fmt: skip
+        ops.append(replace(op, start=begin, end=begin + (op.end - op.start)))
     return WindowResult(
         ops=tuple(ops),
         objective=solver.value(obj) / scale,

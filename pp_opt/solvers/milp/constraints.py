@@ -10,7 +10,7 @@ from typing import Any
 
 import pulp
 
-from pp_opt.ops import OpKey, OpKind, memory_delta
+from pp_opt.ops import ALLOCATING, FREEING, OpKey, OpKind, memory_delta
 from pp_opt.solvers.milp.variables import (
     Expr,
     MilpModel,
@@ -20,11 +20,6 @@ from pp_opt.solvers.milp.variables import (
     hint_product,
     hint_started_by,
 )
-
-ALLOCATING = (OpKind.F, OpKind.R, OpKind.RELOAD)
-"""Ops that allocate at their start; memory can only peak right after one of them."""
-FREEING = (OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD)
-"""Ops that free at their end."""
 
 
 def activation_choice(model: MilpModel) -> None:
@@ -47,6 +42,22 @@ def precedence(model: MilpModel) -> None:
     ops = model.vars.ops
     for u, w, data in model.dag.edges(data=True):
         model.lp += ops[w].start >= ops[u].end + data["latency"]
+
+
+def pairs(model: MilpModel) -> None:
+    """In a chosen pair both halves start together (their times already last the pair's,
+    :mod:`.variables`); each op is a half of at most one pair."""
+    v = model.vars
+    of_op: dict[OpKey, list[Any]] = {}
+    for (f, b), (x, _) in v.pairs.items():
+        u, w = v.ops[f], v.ops[b]
+        model.lp += u.start - w.start <= (u.latest - w.earliest) * (1 - x)
+        model.lp += w.start - u.start <= (w.latest - u.earliest) * (1 - x)
+        of_op.setdefault(f, []).append(x)
+        of_op.setdefault(b, []).append(x)
+    for chosen in of_op.values():
+        if len(chosen) > 1:
+            model.lp += pulp.lpSum(chosen) <= 1
 
 
 def symmetry(model: MilpModel) -> None:
@@ -86,6 +97,10 @@ def disjunctive(model: MilpModel) -> None:
         for i, u in enumerate(ops):
             for w in ops[i + 1 :]:
                 _order_pair(model, u, w)
+    for (f, b), (x, _) in model.vars.pairs.items():
+        # A chosen pair's F counts as first: its halves start together, and the memory
+        # counts a free before an allocation by this order (the free comes at the end).
+        model.lp += model.vars.before(f, b) >= x
 
 
 def _order_pair(model: MilpModel, u: OpVars, w: OpVars) -> None:
@@ -100,8 +115,10 @@ def _order_pair(model: MilpModel, u: OpVars, w: OpVars) -> None:
     v.order[u.key, w.key] = y
     big_uw = u.latest + u.max_duration - w.earliest
     big_wu = w.latest + w.max_duration - u.earliest
-    model.lp += w.start >= u.end - big_uw * (1 - y) - _released(u, w, big_uw)
-    model.lp += u.start >= w.end - big_wu * y - _released(u, w, big_wu)
+    paired = v.pairs.get((u.key, w.key)) or v.pairs.get((w.key, u.key))
+    both: Expr = 0 if paired is None else paired[0]  # a chosen pair's halves share the stream
+    model.lp += w.start >= u.end - big_uw * (1 - y) - _released(u, w, big_uw) - big_uw * both
+    model.lp += u.start >= w.end - big_wu * y - _released(u, w, big_wu) - big_wu * both
 
 
 def _released(u: OpVars, w: OpVars, big: float) -> Expr:

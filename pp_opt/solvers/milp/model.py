@@ -21,7 +21,7 @@ from pp_opt.ops import OpKey, OpKind
 from pp_opt.problem import Problem
 from pp_opt.runtime_rules import loss_stage, runtime_chains
 from pp_opt.solvers.base import check_time
-from pp_opt.solvers.milp.variables import MilpModel, Variables, create_variables
+from pp_opt.solvers.milp.variables import MilpModel, OpVars, Variables, create_variables
 
 SYMMETRIC_KINDS = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
 
@@ -65,6 +65,7 @@ def build_model(
     # The constraint families, in this order (later ones reuse the binaries of earlier ones):
     constraints.activation_choice(model)  # keep, offload (one fraction) or recompute
     constraints.precedence(model)  # DAG edges with their latency
+    constraints.pairs(model)  # an overlapped pair's halves start together, each in one pair
     constraints.symmetry(model)  # runtime order rules; same-kind ops in microbatch order
     check_time(deadline)
     constraints.disjunctive(model)  # one op at a time per stream / shared host link
@@ -111,7 +112,7 @@ def _time_windows(model: MilpModel) -> None:
     """Earliest and latest starts from longest paths (optional ops may take no time)."""
     graph, ops = model.graph, model.vars.ops
     order = list(nx.topological_sort(graph))
-    least = {k: 0.0 if ops[k].optional else ops[k].max_duration for k in order}
+    least = {k: _least(ops[k]) for k in order}
     for key in order:
         preds = graph.pred[key]
         ops[key].earliest = max(
@@ -130,3 +131,11 @@ def _time_windows(model: MilpModel) -> None:
             below |= reach[w]
         reach[key] = below
     model.reach = reach
+
+
+def _least(op: OpVars) -> float:
+    """The shortest time an op takes: none for optional ones (absent), its own time alone
+    for a half of a candidate pair."""
+    if op.optional:
+        return 0.0
+    return op.max_duration if op.least is None else op.least

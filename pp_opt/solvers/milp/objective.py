@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pulp
 
-from pp_opt.ops import Stream
-from pp_opt.solvers.milp.variables import Hint, MilpModel, OpVars, Resource, WarmValues
+from pp_opt.ops import Resource, Stream
+from pp_opt.solvers.milp.variables import Hint, MilpModel, OpVars, WarmValues
 
 
 def set_objective(model: MilpModel, *, bound: float | None = None) -> None:
@@ -26,7 +26,7 @@ def _makespan(model: MilpModel) -> pulp.LpVariable:
     # Ops of one resource run one at a time between their earliest start and the
     # shortest tail after the last of them: a cut the big-M relaxation misses.
     for ops_on in _by_resource(model).values():
-        load = pulp.lpSum(o.duration for o in ops_on)
+        load = pulp.lpSum(o.duration for o in ops_on) - _pairs_counted_twice(model, ops_on)
         head = min(o.earliest for o in ops_on)
         tail = min(model.horizon - o.latest - (0.0 if o.optional else o.max_duration)
                    for o in ops_on)  # fmt: skip
@@ -49,8 +49,17 @@ def _span(model: MilpModel) -> pulp.LpVariable:
                 model.lp += last >= op.end
         model.lp += span >= last - first
         compute = [o for o in own if o.resource[2] is Stream.COMPUTE]
-        model.lp += span >= pulp.lpSum(o.duration for o in compute)
+        model.lp += span >= pulp.lpSum(o.duration for o in compute) - _pairs_counted_twice(
+            model, compute
+        )
     return span
+
+
+def _pairs_counted_twice(model: MilpModel, ops_on: list[OpVars]) -> object:
+    """The time of each chosen pair among ``ops_on``: both halves last it, the stream holds
+    it once."""
+    keys = {o.key for o in ops_on}
+    return pulp.lpSum(size * x for (f, b), (x, size) in model.vars.pairs.items() if f in keys)
 
 
 def _by_resource(model: MilpModel) -> dict[Resource, list[OpVars]]:

@@ -13,14 +13,12 @@ from typing import Any
 import networkx as nx
 import pulp
 
-from pp_opt.ops import OpKey, OpKind, Stream
+from pp_opt.ops import OpKey, OpKind, Resource, pair_time, resource_of
 from pp_opt.problem import Problem
+from pp_opt.solvers.pairing import candidates
 
 Expr = Any
 """A PuLP linear expression, a variable or a plain number."""
-
-Resource = tuple[str, int, Stream]
-"""What a disjunctive op occupies: ``("device", d, stream)`` or ``("link", group, stream)``."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -37,6 +35,8 @@ class WarmValues:
     """First start per device (present ops)."""
     last: list[float]
     """Last end per device (present ops)."""
+    pairs: set[tuple[OpKey, OpKey]] = field(default_factory=set)
+    """Its overlapped pairs: ``(F key, backward key)``."""
 
     @property
     def span(self) -> list[float]:
@@ -64,6 +64,9 @@ class OpVars:
     earliest: float = 0.0
     latest: float = 0.0
     """Latest start in any schedule that ends by the horizon (set by the model)."""
+    least: float | None = None
+    """Its shortest duration where that is not ``max_duration`` (a half of a candidate
+    pair runs its own time alone, the pair's time in the pair)."""
 
     @property
     def end(self) -> Expr:
@@ -83,6 +86,8 @@ class Variables:
     order: dict[tuple[OpKey, OpKey], Expr] = field(default_factory=dict)
     """``order[u, w]`` is 1 when ``u`` runs before ``w`` on their shared resource."""
     started: dict[tuple[OpKey, OpKey], pulp.LpVariable] = field(default_factory=dict)
+    pairs: dict[tuple[OpKey, OpKey], tuple[pulp.LpVariable, float]] = field(default_factory=dict)
+    """Per candidate overlapped pair ``(F key, backward key)``: its binary and its time."""
     """For two allocations on different streams of a device: 1 when the first started first."""
     hints: list[tuple[pulp.LpVariable, Hint]] = field(default_factory=list)
     lp: pulp.LpProblem | None = None
@@ -138,6 +143,7 @@ def create_variables(model: MilpModel) -> None:
     """Every variable of the model: activation choices first, then op starts."""
     _activation_variables(model)
     _op_variables(model)
+    _pair_variables(model)
 
 
 def _activation_variables(model: MilpModel) -> None:
@@ -162,13 +168,28 @@ def _op_variables(model: MilpModel) -> None:
         v.ops[key] = OpVars(
             key=key,
             device=data["device"],
-            resource=_resource(problem, data["device"], data["stream"]),
+            resource=resource_of(problem, data["device"], data["stream"]),
             start=v.continuous("s", 0.0, model.horizon, hint_start(key)),
             duration=duration,
             max_duration=max_duration,
             presence=presence,
             optional=bool(data["optional"]),
         )
+
+
+def _pair_variables(model: MilpModel) -> None:
+    """A binary per candidate pair (:mod:`pp_opt.solvers.pairing`); in the pair, each half
+    lasts the pair's time (so its successors wait for the pair's end, its free comes then)."""
+    v = model.vars
+    for f, b in candidates(model.problem, model.dag):
+        x = v.binary("pair", hint_pair(f, b))
+        size = pair_time(model.problem, f.stage, b.stage, b.kind)
+        v.pairs[f, b] = (x, size)
+        for half in (v.ops[f], v.ops[b]):
+            base = half.max_duration if half.least is None else half.least
+            half.least = base
+            half.duration = half.duration + (size - base) * x
+            half.max_duration = max(half.max_duration, size)
 
 
 def _duration_and_presence(
@@ -184,15 +205,6 @@ def _duration_and_presence(
         r = v.recompute[act]
         return full * r, r, full
     return full, 1, full
-
-
-def _resource(problem: Problem, device: int, stream: Stream) -> Resource:
-    """Copies of devices that share a host link share one resource per direction."""
-    if stream is not Stream.COMPUTE:
-        group = problem.link_group(device)
-        if group is not None:
-            return ("link", group, stream)
-    return ("device", device, stream)
 
 
 def evaluate(expr: Expr, values: dict[str, float]) -> float:
@@ -236,6 +248,10 @@ def hint_offload(stage: int, microbatch: int, fraction: float) -> Hint:
         return float(got is not None and abs(got - fraction) <= 1e-9)
 
     return value
+
+
+def hint_pair(f: OpKey, b: OpKey) -> Hint:
+    return lambda warm, _: float((f, b) in warm.pairs)
 
 
 def hint_recompute(stage: int, microbatch: int) -> Hint:

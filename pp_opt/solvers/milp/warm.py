@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import networkx as nx
 
 from pp_opt.ops import OpKey, OpKind, Stream
 from pp_opt.problem import Problem
-from pp_opt.schedule import Schedule, ScheduledOp
+from pp_opt.schedule import Schedule, ScheduledOp, dag_ops
 from pp_opt.solvers.milp.variables import MilpModel, WarmValues
 
 log = logging.getLogger(__name__)
@@ -31,20 +32,10 @@ def warm_ops(
         if any(op.kind is OpKind.BW for op in ops):
             return None
     shift = min(op.start for op in ops)
-    ops = [
-        ScheduledOp(
-            op.kind,
-            op.stage,
-            op.microbatch,
-            op.stream,
-            op.start - shift,
-            op.end - shift,
-            op.fraction,
-        )  # fmt: skip
-        for op in ops
-    ]
-    keys = {op.key for op in ops}
-    if len(keys) != len(ops) or any(k not in dag for k in keys):
+    ops = [replace(op, start=op.start - shift, end=op.end - shift) for op in ops]
+    halves = dag_ops(ops)  # a pair's halves are the DAG's ops
+    keys = {op.key for op in halves}
+    if len(keys) != len(halves) or any(k not in dag for k in keys):
         log.info("warm start does not match this problem's ops; solving without it")
         return None
     missing = [k for k, data in dag.nodes(data=True) if not data["optional"] and k not in keys]
@@ -69,6 +60,8 @@ def _split(problem: Problem, op: ScheduledOp) -> list[ScheduledOp]:
 
 def warm_values(model: MilpModel, ops: tuple[ScheduledOp, ...]) -> WarmValues | None:
     """Times of every op of the model (absent optional ops at their earliest, taking no time)."""
+    pairs = {(op.order_key, op.partner) for op in ops if op.partner is not None}
+    ops = tuple(dag_ops(ops))  # a pair's halves at the pair's times
     start = {op.key: op.start for op in ops}
     end = {op.key: op.end for op in ops}
     fraction = {(op.stage, op.microbatch): op.fraction for op in ops if op.kind is OpKind.OFFLOAD}
@@ -88,7 +81,7 @@ def warm_values(model: MilpModel, ops: tuple[ScheduledOp, ...]) -> WarmValues | 
     recomputed = {(op.stage, op.microbatch) for op in ops if op.kind is OpKind.R}
     present: set[OpKey] = {op.key for op in ops}
     return WarmValues(start=start, end=end, present=present, fraction=fraction,
-                      recomputed=recomputed, first=first, last=last)  # fmt: skip
+                      recomputed=recomputed, first=first, last=last, pairs=pairs)  # fmt: skip
 
 
 def apply_warm_start(model: MilpModel, warm: WarmValues) -> None:
