@@ -30,7 +30,7 @@ COSTS_FORMAT = "pp-opt.costs"
 """``format`` of a cost profile JSON (:func:`pp_opt.profiler.profile_costs` writes them)."""
 COSTS_VERSION = 1
 COSTS_PROBLEM_KEYS = ("name", "p", "m", "placement", "v", "unit", "t_comm", "stages", "devices",
-                      "host_links")  # fmt: skip
+                      "host_links", "pairs", "pair_overhead")  # fmt: skip
 
 
 def _reject_unknown(where: str, data: Mapping[str, Any], allowed: Sequence[str]) -> None:

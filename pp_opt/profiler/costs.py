@@ -27,6 +27,7 @@ from pp_opt.profiler.cards import (
     model_card_from_dict,
 )
 from pp_opt.profiler.comm import copy_ms
+from pp_opt.profiler.stacks import load_stack_card
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -142,9 +143,24 @@ class CostProfile:
                 m_in=st.m_in,
                 t_offload=offload_ms(st, self.links),
                 t_reload=reload_ms(st, self.links),
+                t_f_comm=st.t_f_comm if self.hides_communication else 0.0,
+                t_b_comm=st.t_b_comm if self.hides_communication else 0.0,
             )  # fmt: skip
             for st in self.stages
         )
+
+    @property
+    def hides_communication(self) -> bool:
+        """An overlapped pair of this job hides communication: the job overlaps and its
+        stack runs a pair's halves at once (torchtitan 0.3.0 runs them in sequence)."""
+        return self.job.overlap and load_stack_card(self.job.stack).overlaps_pairs
+
+    def pair_settings(self) -> dict[str, Any]:
+        """The problem's ``pairs`` and ``pair_overhead`` (absent when the job does not
+        overlap, so files of other jobs stay as they were)."""
+        if not self.job.overlap:
+            return {}
+        return {"pairs": True, "pair_overhead": load_stack_card(self.job.stack).pair_overhead}
 
     def stage_rows(self) -> list[dict[str, Any]]:
         """The file's ``stages``: each stage's problem costs."""
@@ -181,7 +197,8 @@ class CostProfile:
             "m": j.microbatches, "placement": j.placement, "v": j.v, "unit": "bytes",
             "t_comm": self.links.t_comm, "stages": self.stage_rows(),
             "devices": [{"cap": self.cap, "static": s} for s in self.static],
-            "host_links": self.links.host_links, "profile": self.provenance(),
+            "host_links": self.links.host_links, **self.pair_settings(),
+            "profile": self.provenance(),
         }  # fmt: skip
 
     @classmethod
@@ -216,7 +233,7 @@ def problem_from_profile(profile: CostProfile) -> Problem:
         p=profile.job.pp, m=profile.job.microbatches, stages=stages, devices=devices,
         placement=profile.job.placement, unit="bytes", t_comm=profile.links.t_comm,
         host_links=tuple(tuple(g) for g in profile.links.host_links), name=profile.name(),
-        extra={"profile": profile.provenance()},
+        extra={"profile": profile.provenance()}, **profile.pair_settings(),
     )  # fmt: skip
 
 
