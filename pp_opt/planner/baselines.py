@@ -24,11 +24,20 @@ from pp_opt.planner.config import Candidate
 from pp_opt.problem import Problem
 from pp_opt.schedule import Schedule
 
+PAIRED = {"DualPipeV": "dualpipev-overlap", "Interleaved1F1B": "interleaved-1f1b-a2a"}
+"""A named schedule as a run that overlaps runs it (``problem.pairs``): PyTorch's DualPipeV with
+its ``OVERLAP_F_B`` actions overlapped, and Megatron-Core's interleaved 1F1B with
+``--overlap-moe-expert-parallel-comm`` (its steady-state F/B pairs)."""
+
 
 def run_baseline(name: str, problem: Problem) -> Schedule:
-    """PyTorch-named schedule ``name`` on ``problem`` (validated by :func:`pp_opt.baseline`)."""
+    """PyTorch-named schedule ``name`` on ``problem`` (validated by :func:`pp_opt.baseline`),
+    with its overlapped pairs where the problem allows them (:data:`PAIRED`)."""
     from pp_opt.orders import baseline
 
+    hides = any(st.t_f_comm or st.t_b_comm for st in problem.stages)
+    if problem.pairs and hides and name in PAIRED:  # else its pairs' halves run in sequence
+        name = PAIRED[name]
     return baseline(name, problem)
 
 

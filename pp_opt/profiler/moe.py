@@ -194,7 +194,8 @@ DROPPED = {
 
 def layer_unit(card: ModelCard, hw: HardwareCard, job: Job, *, moe: bool) -> dict[str, float]:
     """One layer's ``t_f, t_b, t_w`` (ms, communication included), ``t_f_comm, t_b_comm``
-    (the all-to-all and TP collectives in them), ``m_b, m_w, transient`` (bytes) and
+    (the dispatch and combine all-to-all in them, what an overlapped pair hides: Megatron-Core's
+    and DualPipe's EP overlap; TP collectives stay exposed unless the job hides them), ``m_b, m_w, transient`` (bytes) and
     ``params, expert_params`` (this GPU's), under the job's checkpointing mode."""
     stack = load_stack_card(job.stack)
     lay = Layout.of(card, job, stack)
@@ -218,7 +219,8 @@ def layer_unit(card: ModelCard, hw: HardwareCard, job: Job, *, moe: bool) -> dic
     if fp8:  # each GEMM input cast to FP8: read bf16, write fp8
         widths = h + att["out"] + 2 * shared + (card.top_k * (h + routed) if moe else 0.0)
         elem += hbm_ms(3.0 * widths * tok / t, hw)
-    comm = tp_collectives_ms(card, hw, job) + (_a2a_ms(card, hw, lay, stack) if moe else 0.0)
+    a2a = _a2a_ms(card, hw, lay, stack) if moe else 0.0
+    comm = tp_collectives_ms(card, hw, job) + a2a
     t_f = g_att + g_routed + g_core + elem + comm
     t_b = g_att + g_routed + 2 * g_core + 2 * elem + comm
     t_w = g_att + g_routed
@@ -229,7 +231,7 @@ def layer_unit(card: ModelCard, hw: HardwareCard, job: Job, *, moe: bool) -> dic
     if moe:
         m_w += e * tok / t * card.top_k * lay.imbalance * (2 * h + 3 * routed)
     dense, experts = layer_params(card, moe)
-    unit = {"t_f": t_f, "t_b": t_b, "t_w": t_w, "t_f_comm": comm, "t_b_comm": comm,
+    unit = {"t_f": t_f, "t_b": t_b, "t_w": t_w, "t_f_comm": a2a, "t_b_comm": a2a,
             "m_b": m_b, "m_w": min(m_w, m_b), "transient": 0.0,
             "params": dense / t + experts / (lay.ep * lay.etp),
             "expert_params": experts / (lay.ep * lay.etp)}  # fmt: skip
