@@ -194,9 +194,10 @@ DROPPED = {
 
 def layer_unit(card: ModelCard, hw: HardwareCard, job: Job, *, moe: bool) -> dict[str, float]:
     """One layer's ``t_f, t_b, t_w`` (ms, communication included), ``t_f_comm, t_b_comm``
-    (the dispatch and combine all-to-all in them, what an overlapped pair hides: Megatron-Core's
-    and DualPipe's EP overlap; TP collectives stay exposed unless the job hides them), ``m_b, m_w, transient`` (bytes) and
-    ``params, expert_params`` (this GPU's), under the job's checkpointing mode."""
+    (the dispatch and combine all-to-all in them, what an overlapped pair hides, as
+    Megatron-Core's and DualPipe's EP overlap do; TP collectives stay exposed unless the job
+    hides them), ``m_b, m_w, transient`` (bytes) and ``params, expert_params`` (this GPU's),
+    under the job's checkpointing mode."""
     stack = load_stack_card(job.stack)
     lay = Layout.of(card, job, stack)
     t, h, tok = lay.tp, card.hidden, lay.tokens
