@@ -33,10 +33,9 @@ CONFIGS: list[dict[str, Any]] = [
         ep=32,
         dispatcher="deepep",
     ),
-    dict(
-        tp=1, pp=4, v=1, layers=[8] * 4, recompute=False, dp=8, ep=8, etp=1, dispatcher="alltoall"
-    ),
-]
+    dict(tp=1, pp=4, v=1, layers=[8] * 4, recompute=False, dp=8, ep=8, etp=1,
+         dispatcher="alltoall", overlap=True),
+]  # fmt: skip
 
 
 def _printed() -> set[str]:
@@ -49,7 +48,7 @@ def _printed() -> set[str]:
 
 
 def _job(c: dict[str, Any]) -> Job:
-    extra = {k: c[k] for k in ("dp", "ep", "etp", "dispatcher") if k in c}
+    extra = {k: c[k] for k in ("dp", "ep", "etp", "dispatcher", "overlap") if k in c}
     return Job(pp=c["pp"], v=c["v"], tp=c["tp"], layers=tuple(c["layers"]), mbs=1,
                microbatches=16, seq=4096, full_layers=c.get("full_layers", ()),
                ac=c.get("ac", "none"), **extra)  # fmt: skip
@@ -136,3 +135,8 @@ def test_printed_expert_flags_pass_megatron_core_checks() -> None:
     )  # fmt: skip
     assert config.moe_flex_dispatcher_backend == "deepep"
     assert not any(f.startswith("--expert") for f in megatron_flags(_job(CONFIGS[0]), n_layers=32))
+    overlapped = megatron_flags(_job(CONFIGS[-1]), n_layers=32)
+    assert (
+        "--overlap-moe-expert-parallel-comm" in overlapped and "--delay-wgrad-compute" in overlapped
+    )
+    assert "--overlap-moe-expert-parallel-comm" not in printed

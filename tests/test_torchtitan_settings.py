@@ -291,3 +291,13 @@ def test_a_plan_torchtitan_cannot_run_is_named_not_exported() -> None:
         "ac:"
     )
     assert _torchtitan_refusal(Job(pp=2, microbatches=4, seq=64, dp=8, dp_shard=8, ep=8)) == ""
+
+
+def test_a_plan_that_overlaps_on_torchtitan_says_the_release_does_not() -> None:
+    from pp_opt.planner.training import _stack_notes
+
+    notes = _stack_notes(Job(pp=2, microbatches=4, seq=64, overlap=True))
+    assert len(notes) == 1 and "OVERLAP_F_B" in notes[0] and "in sequence" in notes[0]
+    assert _stack_notes(Job(pp=2, microbatches=4, seq=64, overlap=True,
+                            stack="megatron-core")) == []  # fmt: skip
+    assert _stack_notes(Job(pp=2, microbatches=4, seq=64)) == []

@@ -183,7 +183,8 @@ dispatcher's ``--moe-flex-dispatcher-backend``)."""
 def expert_flags(job: Job) -> list[str]:
     """The expert-parallel flags of an MoE job (``ep`` or ``etp`` above 1, or a dispatcher
     named): the degrees and the token dispatcher (the stack's default when the job names
-    none); none for a dense job."""
+    none), and Megatron-Core's A2A overlap when the job overlaps F&B pairs; none for a dense
+    job."""
     if job.ep == 1 and job.etp == 1 and not job.dispatcher:
         return []
     from pp_opt.profiler.stacks import load_stack_card
@@ -192,4 +193,7 @@ def expert_flags(job: Job) -> list[str]:
     flags = ["--expert-model-parallel-size", str(job.ep),
              "--expert-tensor-parallel-size", str(job.etp),
              "--moe-token-dispatcher-type", kind]  # fmt: skip
-    return flags + (["--moe-flex-dispatcher-backend", backend[0]] if backend else [])
+    flags += ["--moe-flex-dispatcher-backend", backend[0]] if backend else []
+    if job.overlap:  # the 1F1B A2A overlap; its W runs apart, as the pairs' W do
+        flags += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
+    return flags

@@ -73,6 +73,10 @@ MEGATRON_FLAGS: dict[str, MegatronFlag] = {
                      field="moe_token_dispatcher_type", declared=""),
         MegatronFlag(flag="--moe-flex-dispatcher-backend", config="TransformerConfig",
                      field="moe_flex_dispatcher_backend", declared=""),
+        MegatronFlag(flag="--overlap-moe-expert-parallel-comm", config="TransformerConfig",
+                     field="overlap_moe_expert_parallel_comm", declared=""),
+        MegatronFlag(flag="--delay-wgrad-compute", config="TransformerConfig",
+                     field="delay_wgrad_compute", declared=""),
         MegatronFlag(flag="--micro-batch-size", config="", field="",
                      declared="megatron/training/training_config.py:10 (TrainingConfig, "
                      "flags built at arguments.py:2003)"),

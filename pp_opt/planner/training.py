@@ -165,10 +165,22 @@ def plan_training(
     settings["backward"] = "fused" if fused else "split" if split else "fused (as solved)"
     if fused_info:
         settings["fused_backward"] = fused_info
+    notes += _stack_notes(chosen.candidate.job)
     if notes:
         settings["notes"] = notes
     return TorchtitanChoice(scored=chosen, schedule=schedule, fused_backward=fused,
                             settings=settings)  # fmt: skip
+
+
+def _stack_notes(job: Job) -> list[str]:
+    """What the job's stack does not do that the plan allowed (its card's note): a release
+    that runs an overlapped pair's halves in sequence gains nothing from pairs."""
+    from pp_opt.profiler.stacks import load_stack_card
+
+    stack = load_stack_card(job.stack)
+    if job.overlap and not stack.overlaps_pairs and stack.note:
+        return [f"{stack.name}: {stack.note}; its pairs hide nothing in these costs"]
+    return []
 
 
 def _torchtitan_refusal(job: Job) -> str:
