@@ -275,11 +275,12 @@ def main(argv: list[str] | None = None) -> None:
         args.json.write_text(json.dumps(payload, indent=1) + "\n")
         print(f"wrote {args.json}")
     if args.markdown:
-        write_markdown(args.markdown, results, verdict, argv)
+        write_markdown(args.markdown, results, verdict, argv, moe)
 
 
 def write_markdown(path: Path, results: list[dict[str, Any]], verdict: dict[str, Any],
-                   argv: list[str] | None) -> None:  # fmt: skip
+                   argv: list[str] | None, moe: list[dict[str, Any]] | None = None,
+                   ) -> None:  # fmt: skip
     """The rows as the docs show them: measured against predicted, with the checks."""
     from bench_markdown import fixed, table, text, write
 
@@ -296,7 +297,14 @@ def write_markdown(path: Path, results: list[dict[str, Any]], verdict: dict[str,
     summary = (f"Median absolute TPS error {median:.1%}; every row within 15% in TPS: "
                f"{verdict['tps_within_15pct']}, in memory: {verdict['memory_within_15pct']}; "
                f"ranked as measured within each table: {ranked}.")  # fmt: skip
-    write(path, [("", table(rows, columns)), ("", summary)], argv)
+    parts = [("", table(rows, columns)), ("", summary)]
+    if moe:
+        moe_columns = [("id", "MoE run", text), ("measured_tps", "TPS/GPU measured", text),
+                       ("predicted_tps", "predicted", fixed(0)), ("tps_ratio", "ratio", fixed(3)),
+                       ("command", "command", text)]  # fmt: skip
+        rows_moe = [{**r, "command": f"`{r['command']}`"} for r in moe]
+        parts += [("Mixture-of-Experts runs", table(rows_moe, moe_columns))]
+    write(path, parts, argv)
 
 
 if __name__ == "__main__":
