@@ -306,3 +306,19 @@ def test_equal_step_times_rank_by_what_the_candidate_fixes_not_by_the_schedule_f
                     status="timeout")  # fmt: skip
     assert sorted([failed, first[0]], key=Scored.sort_key)[-1] is failed
 
+
+def test_no_split_is_solved_for_when_the_devices_together_cannot_hold_the_layers() -> None:
+    from dataclasses import replace
+
+    from pp_opt.planner.split import may_fit, split_candidates
+
+    roomy = _model(_config(pp=2, microbatches=6))
+    need = sum(n * (u[3] + u[4]) for n, u in ((TINY.layers, roomy.layer), (1, roomy.first),
+                                              (1, roomy.last)))  # fmt: skip
+    assert may_fit(roomy) and split_candidates(roomy)
+    edge = replace(roomy, room=-(-need // 2))  # two devices hold it all, one activation each
+    assert may_fit(edge)
+    tight = replace(roomy, room=-(-need // 2) - 1)
+    assert not may_fit(tight) and split_candidates(tight) == []
+    ones = (1,) * tight.stages  # the brute force agrees: not even one activation per stage fits
+    assert not any(tight.fits(s, ones) for s in _compositions(TINY.layers, tight.stages))

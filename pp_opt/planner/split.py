@@ -265,11 +265,27 @@ def memory_levels(model: SplitModel) -> list[tuple[int, ...]]:
     return [k for i, k in enumerate(levels) if k not in levels[:i]]
 
 
+def may_fit(model: SplitModel) -> bool:
+    """Whether some split may fit at one microbatch per stage: a stage's memory grows
+    linearly with its layers, so over all devices the splits hold every layer's static
+    memory and activation, the embedding's and the output layer's (a necessary condition,
+    checked before any solve)."""
+
+    def both(units: Sequence[int]) -> int:
+        return units[3] + units[4]
+
+    need = model.layers * both(model.layer) + both(model.first) + both(model.last)
+    return need <= model.p * model.room
+
+
 def split_candidates(model: SplitModel, *, count: int = 3) -> list[tuple[int, ...]]:
     """Up to ``count`` distinct splits: the best and second best at the first level of
     :func:`memory_levels` that fits, then the best at one microbatch per stage when its proxy
     is lower. Empty when no split fits even one microbatch per stage."""
     out: list[tuple[int, ...]] = []
+    if not may_fit(model):
+        log.debug("the devices together cannot hold %d layers", model.layers)
+        return out
     levels = memory_levels(model)
     for k in levels:
         first = best_split(model, k)
