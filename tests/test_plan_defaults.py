@@ -3,6 +3,7 @@ settings), and the memory term that makes a candidate infeasible."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,9 @@ from pp_opt.errors import ProblemError
 from pp_opt.frameworks import torchtitan as titan
 from pp_opt.job import Job
 from pp_opt.planner.baselines import baseline_candidates
-from pp_opt.planner.config import Candidate, Pins
+from pp_opt.planner.config import Candidate, Pins, PlanInputs
+from pp_opt.planner.evaluate import EvaluationTask, evaluate
+from pp_opt.profiler.cards import GIB, load_hardware_card, load_model_card
 from pp_opt.profiler.stacks import load_stack_card
 
 T5 = dict(tp=8, pp=16, dp=4, mbs=2, microbatches=32, seq=8192, optimizer_sharding=True,
@@ -83,3 +86,26 @@ def test_a_stack_card_names_the_modes_it_runs(tmp_path: Path) -> None:
     with pytest.raises(ProblemError, match="^stack.ac_modes: got 'full'; give a list"):
         load_stack_card(str(bad))
 
+
+def test_an_infeasible_candidate_names_its_largest_term() -> None:
+    """Table 5's layout without checkpointing at 4 sequences per microbatch: 1F1B keeps 8 of
+    them on rank 0, whose activations are far over the 96 GB card."""
+    card, hw = load_model_card("llama3.1-405b"), load_hardware_card("h100-96gb-500w")
+    inputs = PlanInputs(model=card, hardware=hw, gpus=512, global_batch=256, seq=8192)
+    job = Job(**{**T5, "pp": 8, "dp": 8, "mbs": 4, "microbatches": 8, "dp_shard": 8,
+                 "optimizer_sharding": False, "layers": titan.default_layers(126, 8)})  # fmt: skip
+    candidate = Candidate(job=job, recompute=False, offload=False)
+    for order in ("1F1B", "solve"):
+        got = evaluate(EvaluationTask(inputs=inputs, candidate=candidate, order=order,
+                                      time_limit=2.0, label="torchtitan"))  # fmt: skip
+        assert got.status == "infeasible", got.note
+        name, size, _, _, total = got.largest_term.split()
+        assert name == "activations"
+        assert float(total) > hw.usable_bytes / GIB  # the peak is over what the card holds
+        assert float(size) > 0.5 * float(total)
+        assert got.to_dict()["largest_term"] == got.largest_term
+    from pp_opt.planner.report import _over_memory, _row
+
+    assert _row("", got)[-1] == f"infeasible: {got.largest_term}"
+    lines = _over_memory([got, replace(got, status="timeout")])
+    assert lines[0].startswith("out of memory (1;") and got.largest_term in lines[1]
