@@ -30,7 +30,10 @@ TINY = {
     "kv_heads": 4,
     "ffn": 1536,
 }
-PINS = Pins(tp=(1, 2), pp=(2,), v=(1, 2), mbs=(1,), recompute=False, offload=False)
+PINS = Pins(tp=(1, 2), pp=(2,), v=(1, 2), mbs=(1,), recompute=False, offload=False, ac="none",
+            dp_shard=(1,))  # fmt: skip
+"""Checkpointing and FSDP pinned off: the plan of these tests stays as small and fast as
+its docstring says (unpinned, a plan also searches them)."""
 
 
 def small_plan(**options: object) -> Plan:

@@ -78,15 +78,38 @@ def test_the_count_follows_from_the_legal_values() -> None:
     # tp in {1, 2, 4} (kv_heads 4), pp = 1 with dp = 4/tp; pinned mbs 1, v 1, loop, no switches
     pins = Pins(pp=(1,), mbs=(1,), v=(1,), placement=("loop",), recompute=False, offload=False)
     found = enumerate_configs(_inputs(gpus=4, batch=8), pins)
-    # tp 1: dp 4 (sharding on/off), tp 2: dp 2 (on/off), tp 4: dp 1 (off only)
-    assert [(c.job.tp, c.job.dp, c.job.optimizer_sharding) for c in found.configs] == [
-        (1, 4, False),
-        (1, 4, True),
-        (2, 2, False),
-        (2, 2, True),
-        (4, 1, False),
-    ]
+    # tp 1: dp 4 (sharding on/off, or FSDP over the 4), tp 2: dp 2 (the same over 2), tp 4:
+    # dp 1 (off only); each under torchtitan's three checkpointing modes
+    layouts = [(1, 4, 1, False), (1, 4, 1, True), (1, 4, 4, False), (2, 2, 1, False),
+               (2, 2, 1, True), (2, 2, 2, False), (4, 1, 1, False)]  # fmt: skip
+    got = [(c.job.tp, c.job.dp, c.job.dp_shard, c.job.optimizer_sharding, c.job.ac)
+           for c in found.configs]  # fmt: skip
+    assert len(got) == 21 and sorted(got) == sorted(
+        (*layout, ac) for layout in layouts for ac in ("none", "selective_op", "full")
+    )
     assert found.skipped == {"tp does not divide gpus": 1}  # tp 8 of the node's divisors
+    narrow = Pins(pp=(1,), mbs=(1,), v=(1,), placement=("loop",), recompute=False,
+                  offload=False, ac="none", dp_shard=(1,))  # fmt: skip
+    old = [(c.job.tp, c.job.dp, c.job.optimizer_sharding)
+           for c in enumerate_configs(_inputs(gpus=4, batch=8), narrow).configs]  # fmt: skip
+    assert old == [(1, 4, False), (1, 4, True), (2, 2, False), (2, 2, True), (4, 1, False)]
+
+
+def test_the_stack_names_the_checkpointing_modes_a_plan_searches() -> None:
+    pins = Pins(tp=(1,), pp=(2,), mbs=(1,), v=(1,), placement=("loop",), recompute=False,
+                offload=False, optimizer_sharding=False)  # fmt: skip
+    found = enumerate_configs(_inputs(gpus=4, batch=8), pins)
+    assert [(c.job.ac, c.job.dp_shard) for c in found.configs] == [
+        ("none", 1), ("selective_op", 1), ("full", 1),
+        ("none", 2), ("selective_op", 2), ("full", 2),
+    ]  # fmt: skip
+    megatron = Pins(tp=(1,), pp=(2,), mbs=(1,), v=(1,), placement=("loop",), recompute=False,
+                    offload=False, optimizer_sharding=False, stack="megatron-core")  # fmt: skip
+    found = enumerate_configs(_inputs(gpus=4, batch=8), megatron)
+    # its distributed optimizer shards the state: no FSDP degree to search
+    assert [(c.job.ac, c.job.dp_shard) for c in found.configs] == [
+        ("none", 1), ("selective", 1), ("full", 1),
+    ]  # fmt: skip
 
 
 def test_pinned_values_that_do_not_divide_are_skipped_and_counted() -> None:
@@ -101,7 +124,10 @@ def test_pinned_values_that_do_not_divide_are_skipped_and_counted() -> None:
         optimizer_sharding=False,
     )
     found = enumerate_configs(_inputs(gpus=4, batch=8), pins)
-    assert [(c.job.pp, c.job.mbs, c.job.m, c.job.dp) for c in found.configs] == [(2, 1, 4, 2)]
+    # one layout, under 3 checkpointing modes x (plain, FSDP over the 2); each skip counted
+    # once, not once per FSDP degree
+    assert {(c.job.pp, c.job.mbs, c.job.m, c.job.dp) for c in found.configs} == {(2, 1, 4, 2)}
+    assert len(found.configs) == 6
     assert found.skipped == {
         "tp does not divide gpus_per_node (8)": 1,
         "tp * pp does not divide gpus": 1,
@@ -313,3 +339,20 @@ def test_the_memory_test_agrees_with_the_split_model() -> None:
             assert fits_in_total(model) or not found
             seen[found] += 1
     assert seen[True] and seen[False]
+
+
+def test_no_split_is_solved_for_when_the_devices_together_cannot_hold_the_layers() -> None:
+    from dataclasses import replace
+
+    from pp_opt.planner.split import fits_in_total, split_candidates
+
+    roomy = _model(_config(pp=2, microbatches=6))
+    need = sum(n * (u[3] + u[4]) for n, u in ((TINY.layers, roomy.layer), (1, roomy.first),
+                                              (1, roomy.last)))  # fmt: skip
+    assert fits_in_total(roomy) and split_candidates(roomy)
+    edge = replace(roomy, room=-(-need // 2))  # two devices hold it all, one activation each
+    assert fits_in_total(edge)
+    tight = replace(roomy, room=-(-need // 2) - 1)
+    assert not fits_in_total(tight) and split_candidates(tight) == []
+    ones = (1,) * tight.stages  # the brute force agrees: not even one activation per stage fits
+    assert not any(tight.fits(s, ones) for s in _compositions(TINY.layers, tight.stages))

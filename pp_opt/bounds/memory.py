@@ -228,13 +228,17 @@ def memory_area(problem: Problem, fractions: Sequence[float] = (1.0,)) -> float:
     if not problem.offload:
         return max(area / room if room > 0 else 0.0 for area, room in need)
 
+    savings = [  # per device, cheapest saving per second first (fixed over the bisection)
+        sorted((_offload_saving(problem, s) for s in problem.stages_on(device)),
+               key=lambda o: -o[0] / max(o[1], 1e-12))
+        for device in range(problem.p)
+    ]  # fmt: skip
+
     def copy_time(device: int, t: float) -> tuple[float, float]:
         area, room = need[device]
         missing = area - room * t
         d2h = h2d = 0.0
-        options = sorted((_offload_saving(problem, s) for s in problem.stages_on(device)),
-                         key=lambda o: -o[0] / max(o[1], 1e-12))  # fmt: skip
-        for saving, t_off, t_rel in options:
+        for saving, t_off, t_rel in savings[device]:
             if missing <= 0:
                 break
             if saving <= 0:

@@ -84,6 +84,51 @@ BASE_CONFIGS = {
 """torchtitan's own config function of each bundled model card that has one
 (``models/llama3/config_registry.py``: 32, 80 and 126 layers, as the cards)."""
 
+
+@dataclass(frozen=True, slots=True)
+class ModelDefaults:
+    """What torchtitan 0.3.0's config function of a model sets that a plan's baseline takes."""
+
+    ac: str
+    """pp_opt's checkpointing mode of its ``activation_checkpoint`` (``FullAC``: ``full``;
+    ``SelectiveAC``, per-op in 0.3.0: ``selective_op``)."""
+    local_batch: int
+    """``training.local_batch_size``: the microbatch of a job without a pipeline."""
+
+
+MODEL_DEFAULTS = {
+    "llama3-8b": ModelDefaults(ac="selective_op", local_batch=1),
+    "llama3-70b": ModelDefaults(ac="full", local_batch=8),
+    "llama3.1-405b": ModelDefaults(ac="full", local_batch=2),
+}
+"""The settings of :data:`BASE_CONFIGS`' functions (``models/llama3/config_registry.py`` of
+the 0.3.0 wheel: ``llama3_8b`` SelectiveAC, local batch 1; ``llama3_70b`` FullAC, 8;
+``llama3_405b`` FullAC, 2)."""
+
+TRAINER_DEFAULTS = ModelDefaults(ac="selective_op", local_batch=8)
+"""``Trainer.Config``'s own (``trainer.py``: ``SelectiveAC.Config``; ``config/configs.py``:
+``local_batch_size = 8``), for a model without a config function."""
+
+PIPELINE_MICROBATCH_SIZE = 1
+"""``parallelism.pipeline_parallel_microbatch_size`` when not given (``config/configs.py``)."""
+
+
+def model_defaults(model: str) -> ModelDefaults:
+    """torchtitan's checkpointing and local batch for model card ``model``."""
+    return MODEL_DEFAULTS.get(model, TRAINER_DEFAULTS)
+
+
+def default_microbatch_size(model: str, pp: int, sequences: int) -> int:
+    """The sequences per microbatch torchtitan runs when not told: with a pipeline
+    :data:`PIPELINE_MICROBATCH_SIZE`; without, the model's local batch (at most the
+    ``sequences`` of one data-parallel rank per step, and dividing them)."""
+    integer("sequences", sequences, low=1)
+    if pp > 1:
+        return PIPELINE_MICROBATCH_SIZE
+    local = min(model_defaults(model).local_batch, sequences)
+    return max(d for d in range(1, local + 1) if sequences % d == 0)
+
+
 DEFAULT_SCHEDULE = "1F1B"
 """``parallelism.pipeline_parallel_schedule`` when not given (``config/configs.py:216`` at
 b5bcd76c): one stage per rank."""

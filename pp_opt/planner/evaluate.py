@@ -14,6 +14,7 @@ from typing import Any
 from pp_opt.errors import InfeasibleError, PPOptError, TimeLimitError
 from pp_opt.job import Job
 from pp_opt.planner.config import Candidate, PlanInputs
+from pp_opt.planner.infeasible import peak_term
 from pp_opt.planner.memory import memory_breakdown
 from pp_opt.planner.problems import OFFLOAD_FRACTIONS, candidate_problem, candidate_profile
 from pp_opt.planner.step import (
@@ -106,6 +107,9 @@ class Scored:
     """The validated schedule's JSON dict."""
     note: str = ""
     """Why there is no schedule."""
+    largest_term: str = ""
+    """An infeasible candidate's peak rank's largest memory term and its peak ("activations
+    61.0 GiB of 95.0", :func:`pp_opt.planner.infeasible.peak_term`); "" otherwise."""
 
     @property
     def job(self) -> Job:
@@ -149,6 +153,8 @@ class Scored:
         out["seconds"] = self.seconds
         if self.note:
             out["note"] = self.note
+        if self.largest_term:
+            out["largest_term"] = self.largest_term
         return out
 
 
@@ -158,11 +164,16 @@ def evaluate(job: EvaluationTask, *, stop: StopToken | None = None) -> Scored:
     started = time.perf_counter()
     base = Scored(candidate=job.candidate, order=job.order, label=job.label, status="",
                   time_limit=job.time_limit)  # fmt: skip
+    profile = problem = None
     try:
         profile = candidate_profile(job.inputs, job.candidate)
-        schedule = _schedule(job, candidate_problem(job.candidate, profile), stop)
+        problem = candidate_problem(job.candidate, profile)
+        schedule = _schedule(job, problem, stop)
     except InfeasibleError as err:
         base.status, base.note = "infeasible", str(err)
+        if problem is not None and profile is not None:
+            order = None if job.order == SOLVED else job.order
+            base.largest_term = peak_term(order, problem, profile)
     except TimeLimitError as err:
         base.status, base.note = "timeout", str(err)
     except PPOptError as err:  # a problem the solver refuses must not end the whole plan

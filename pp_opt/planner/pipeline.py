@@ -134,8 +134,9 @@ def plan(
     try:
         enumeration, bounded, pruned = prepare(inputs, pins, splits=splits)
         found, defaults = _search(
-            inputs, bounded, pruned, runner, started=started, time_limit=time_limit, keep=keep,
-            seed=seed, threads=threads, refine_top=refine_top, progress=progress, stop=stop,
+            inputs, pins, bounded, pruned, runner, started=started, time_limit=time_limit,
+            keep=keep, seed=seed, threads=threads, refine_top=refine_top, progress=progress,
+            stop=stop,
         )  # fmt: skip
     finally:
         if owned:
@@ -152,7 +153,8 @@ def plan(
 
 
 def _search(
-    inputs: PlanInputs, bounded: list[Bounded], pruned: Counter[str], runner: Executor, *,
+    inputs: PlanInputs, pins: Pins, bounded: list[Bounded], pruned: Counter[str],
+    runner: Executor, *,
     started: float, time_limit: float, keep: int, seed: int, threads: int, refine_top: int,
     progress: ProgressFn | None, stop: StopToken,
 ) -> tuple[SearchResult, list[Scored]]:  # fmt: skip
@@ -169,7 +171,7 @@ def _search(
     ranked = sorted((s for s in found.scored if s.ok), key=Scored.sort_key)
     defaults: list[Scored] = []
     if ranked and stop.requested is None:
-        defaults = _baselines(inputs, ranked[0], runner, short=short, seed=seed,
+        defaults = _baselines(inputs, pins, ranked[0], runner, short=short, seed=seed,
                               threads=threads, deadline=end)  # fmt: skip
     refine(inputs, found, runner, count=refine_top, deadline=end, seed=seed, threads=threads,
            stop=stop)  # fmt: skip
@@ -215,6 +217,7 @@ def _executor_name(workers: int, ray: str | None) -> str:
 
 def _baselines(
     inputs: PlanInputs,
+    pins: Pins,
     best: Scored,
     executor: Executor,
     *,
@@ -227,7 +230,9 @@ def _baselines(
     order and with pp_opt's solved one."""
     jobs = []
     limit = max(1.0, min(short, (deadline - time.perf_counter()) / 4))
-    for label, name, candidate in baseline_candidates(best.candidate, inputs.model.layers):
+    for label, name, candidate in baseline_candidates(
+        best.candidate, inputs.model.layers, model=inputs.model.name, pins=pins
+    ):
         for order in (name, SOLVED):
             jobs.append(EvaluationTask(inputs=inputs, candidate=candidate, order=order,
                                        time_limit=limit, seed=seed, threads=threads,

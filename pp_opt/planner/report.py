@@ -18,8 +18,9 @@ def _row(rank: str, s: Scored) -> list[str]:
     order = "pp_opt" if s.order == SOLVED else s.order
     name = f"{s.label}: " if s.label else ""
     if not s.ok:
+        status = f"{s.status}: {s.largest_term}" if s.largest_term else s.status
         return [rank, name + c.label(), ",".join(map(str, s.candidate.layers)), order, "-", "-",
-                "-", "-", "-", "-", s.status]  # fmt: skip
+                "-", "-", "-", "-", status]  # fmt: skip
     gap = "" if s.gap is None or s.status == "optimal" else f" {s.gap:.1%}"
     return [
         rank, name + c.label(), ",".join(map(str, s.candidate.layers)), order,
@@ -56,6 +57,23 @@ def _distinct(ranked: Sequence[Scored]) -> list[tuple[int, Scored, int]]:
     return out
 
 
+OVER_MEMORY_SHOWN = 10
+"""Infeasible candidates the report names (the rest are counted)."""
+
+
+def _over_memory(failed: Sequence[Scored]) -> list[str]:
+    """One line per solved candidate found over its memory: its peak rank's largest term."""
+    over = [s for s in failed if s.status == "infeasible"]
+    if not over:
+        return []
+    lines = [f"out of memory ({len(over)}; the peak rank's largest term and its peak, GiB):"]
+    for s in over[:OVER_MEMORY_SHOWN]:
+        lines.append(f"  {s.candidate.label()}: {s.largest_term or 'no schedule to measure'}")
+    if len(over) > OVER_MEMORY_SHOWN:
+        lines.append(f"  ... and {len(over) - OVER_MEMORY_SHOWN} more")
+    return lines
+
+
 def plan_report(plan: Plan, *, top: int = 10) -> str:
     """Top ``top`` candidates, the defaults, pruned and skipped counts, training settings."""
     i = plan.inputs
@@ -79,6 +97,7 @@ def plan_report(plan: Plan, *, top: int = 10) -> str:
     if plan.baselines:
         lines.append("defaults on the same costs:")
         lines += _table([list(HEADER)] + [_row("", s) for s in plan.baselines])
+    lines += _over_memory(plan.failed)
     for title, counts in (("pruned", plan.pruned), ("skipped", plan.skipped)):
         if counts:
             lines.append(

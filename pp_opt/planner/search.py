@@ -7,8 +7,11 @@ is above it, it is pruned (a tie is solved, so the first ``keep`` do not depend 
 in which results come back). A candidate that allows recompute or offload is also pruned
 when the same candidate without them was solved with room for one more activation on every
 device (its memory is not binding, so what recompute and offload trade for memory buys
-nothing there). Each survivor is solved with a short limit; afterwards the best few are
-solved again, from their schedules, with the time left.
+nothing there). In the same way a candidate with activation checkpointing is pruned when
+its configuration without checkpointing (any layer split) was solved with that room: what
+checkpointing trades for memory buys nothing there either. Each survivor is solved with a
+short limit; afterwards the best few are solved again, from their schedules, with the time
+left.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ log = logging.getLogger(__name__)
 PRUNED_BY_BOUND = "lower bound above the best found"
 PRUNED_BY_TIME = "time limit reached before it was solved"
 PRUNED_BY_MEMORY = "memory not binding without recompute or offload"
+PRUNED_BY_CHECKPOINTING = "memory not binding without activation checkpointing"
 NOT_SOLVED_INTERRUPTED = "interrupted before it was solved"
 
 
@@ -72,6 +76,12 @@ def _order(b: Bounded) -> tuple[object, ...]:
 def _plain(candidate: Candidate) -> Candidate:
     """The same candidate without recompute and offload."""
     return replace(candidate, recompute=False, offload=False)
+
+
+def _unchecked(candidate: Candidate) -> Candidate:
+    """The candidate's configuration without checkpointing, switches or layer split."""
+    job = replace(candidate.job, ac="none", full_layers=(), layers=())
+    return replace(candidate, job=job, recompute=False, offload=False)
 
 
 def _kth_best(scored: Sequence[Scored], keep: int) -> float:
@@ -117,6 +127,7 @@ def solve_survivors(
             ))  # fmt: skip
 
     plain: dict[Candidate, Scored] = {}
+    roomy: set[Candidate] = set()  # configurations solved without checkpointing, with room
     i = 0
     while i < len(queue) or executor.pending():
         while i < len(queue) and executor.pending() < executor.workers:
@@ -133,6 +144,9 @@ def solve_survivors(
             if twin is not None and twin.ok and not twin.memory_bound:
                 out.pruned[PRUNED_BY_MEMORY] += 1
                 continue
+            if item.candidate.job.ac != "none" and _unchecked(item.candidate) in roomy:
+                out.pruned[PRUNED_BY_CHECKPOINTING] += 1
+                continue
             limit = min(short, deadline - time.perf_counter())
             if limit < min(1.0, short):
                 out.pruned[PRUNED_BY_TIME] += len(queue) - i + 1
@@ -145,6 +159,8 @@ def solve_survivors(
             result = executor.next_done()
             out.scored.append(result)
             plain[result.candidate] = result
+            if result.ok and not result.memory_bound and result.job.ac == "none":
+                roomy.add(_unchecked(result.candidate))
             log.debug("%s: %s %s", result.candidate.label(), result.status,
                       result.step_time)  # fmt: skip
             report()

@@ -5,9 +5,13 @@ A dimension a user pinned takes the pinned values; the others take every legal v
 ``dp = gpus / (tp * pp)``; ``mbs`` divides the sequences of one replica, so that
 ``m = global_batch / (dp * mbs)`` is whole (:func:`pp_opt.job.microbatch_count`); a
 ``loop`` placement has ``v`` chunks with ``pp * v`` at most the layers (``v > 1`` needs
-``pp > 1``); the ``v`` placement has two; recompute and offload are each allowed or not;
-the optimizer state is sharded over ``dp`` or not (only ``dp > 1`` has a choice). A pinned
-value that breaks a rule is skipped and counted under its reason.
+``pp > 1``); the ``v`` placement has two; recompute and offload are each allowed or not
+(without checkpointing, unless pinned); the optimizer state is sharded over ``dp`` or not
+(only ``dp > 1`` has a choice). Without
+pins, ``ac`` takes every checkpointing mode the stack runs (its card's ``ac_modes``) and the
+data-parallel ranks run plain (``dp_shard = 1``) or FSDP over all of them
+(``dp_shard = dp``, torchtitan's default), where the stack shards its state FSDP-style. A
+pinned value that breaks a rule is skipped and counted under its reason.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 from pp_opt.errors import ProblemError
 from pp_opt.job import DEFAULTS, Job, microbatch_count
 from pp_opt.planner.config import PINNED, Candidate, Pins, PlanInputs
+from pp_opt.profiler.stacks import load_stack_card
 
 PLACEMENTS = ("loop", "v")
 
@@ -110,10 +115,14 @@ def _chunk_values(
     return out
 
 
-def _switches(pins: Pins, dp: int) -> list[tuple[bool, bool, bool]]:
+def _switches(pins: Pins, dp: int, ac: str) -> list[tuple[bool, bool, bool]]:
+    """``(recompute, offload, optimizer sharding)`` choices. The solver's own recompute and
+    offload are tried on the model without checkpointing; a checkpointing mode the plan
+    picked itself (``ac`` unpinned) runs without them unless they are pinned on."""
     both = (False, True)
-    recompute = both if pins.recompute is None else (pins.recompute,)
-    offload = both if pins.offload is None else (pins.offload,)
+    off = (False,) if ac != "none" and pins.ac is None else both
+    recompute = off if pins.recompute is None else (pins.recompute,)
+    offload = off if pins.offload is None else (pins.offload,)
     if dp == 1:
         sharding: tuple[bool, ...] = (False,)
     else:
@@ -131,12 +140,31 @@ def _data_parallel(
             skipped["tp * pp * cp does not divide gpus"] += 1
             continue
         dp = inputs.gpus // (tp * pp * cp)
-        for shard in pins.dp_shard or (1,):
+        for shard in pins.dp_shard or _shard_values(pins, dp):
             if dp % shard:
                 skipped["dp_shard does not divide dp"] += 1
             else:
                 out.append((cp, dp, shard))
     return out
+
+
+def _shard_values(pins: Pins, dp: int) -> tuple[int, ...]:
+    """Unpinned FSDP degrees: none, and over every data-parallel rank (torchtitan's
+    ``data_parallel_shard_degree = -1``) where the stack's FSDP shards the state."""
+    if dp > 1 and load_stack_card(pins.stack).optimizer == "fsdp":
+        return (1, dp)
+    return (1,)
+
+
+def searched_values(pins: Pins, name: str) -> tuple[Any, ...]:
+    """The values of ``values`` field ``name`` a plan tries: the pinned ones, else the
+    stack's checkpointing modes for ``ac`` and the job's default for the others."""
+    pin = pins.values[name]
+    if pin is not None:
+        return tuple(pin)
+    if name == "ac":
+        return load_stack_card(pins.stack).ac_modes
+    return (DEFAULTS[name],)
 
 
 STRUCTURAL = ("tp", "pp", "v", "placement", "mbs", "cp", "dp_shard", "optimizer_sharding",
@@ -146,15 +174,15 @@ STRUCTURAL = ("tp", "pp", "v", "placement", "mbs", "cp", "dp_shard", "optimizer_
 
 def _settings(pins: Pins, tp: int) -> list[dict[str, Any]]:
     """Every combination of the other pinned job fields for ``tp``: each ``values`` field's
-    pinned values (its default when unpinned), each allowed feature (AsyncTP only with
-    ``tp > 1``), each ``fixed`` field's value."""
+    pinned values (:func:`searched_values` when unpinned), each allowed feature (AsyncTP only
+    with ``tp > 1``), each ``fixed`` field's value."""
     axes: list[list[tuple[str, Any]]] = []
     for name, spec in PINNED.items():
         if name in STRUCTURAL:
             continue
         pin = pins.values[name]
         if spec.plan == "values":
-            values = pin if pin is not None else (DEFAULTS[name],)
+            values = searched_values(pins, name)
         elif spec.plan == "allow":
             values = (bool(pin) and (tp > 1 or name != "async_tp"),)
         else:
@@ -190,16 +218,22 @@ def enumerate_configs(inputs: PlanInputs, pins: Pins) -> Enumeration:
     for tp in _tp_values(inputs, pins, skipped):
         settings = _settings(pins, tp)
         for pp in _pp_values(inputs, pins, tp, skipped):
+            counted: set[tuple[int, int]] = set()
             for cp, dp, shard in _data_parallel(inputs, pins, tp, pp, skipped):
-                experts = _experts(inputs, pins, dp * cp * tp, skipped)
-                for mbs, m in _mbs_values(inputs, pins, dp, skipped):
+                # a skip is counted once per (cp, dp), however many FSDP degrees share it
+                tally = skipped if (cp, dp) not in counted else Counter()
+                counted.add((cp, dp))
+                experts = _experts(inputs, pins, dp * cp * tp, tally)
+                for mbs, m in _mbs_values(inputs, pins, dp, tally):
                     layout = dict(tp=tp, pp=pp, dp=dp, mbs=mbs, microbatches=m, seq=inputs.seq,
                                   cp=cp, dp_shard=shard)  # fmt: skip
-                    for (placement, v), (ep, etp), features, switches in itertools.product(
-                        _chunk_values(inputs, pins, pp, skipped), experts, settings,
-                        _switches(pins, 1 if shard > 1 else dp),
+                    for (placement, v), (ep, etp), features, switches in (
+                        (chunk, expert, setting, switches)
+                        for chunk, expert, setting in itertools.product(
+                            _chunk_values(inputs, pins, pp, tally), experts, settings)
+                        for switches in _switches(pins, 1 if shard > 1 else dp, setting["ac"])
                     ):  # fmt: skip
-                        job = _job(skipped, layout, placement=placement, v=v, ep=ep, etp=etp,
+                        job = _job(tally, layout, placement=placement, v=v, ep=ep, etp=etp,
                                    optimizer_sharding=switches[2], **features)  # fmt: skip
                         if job is not None:
                             result.configs.append(

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pp_opt.errors import ProblemError
 from pp_opt.job import Job
 from pp_opt.profiler.cards import GIB, HardwareCard, ModelCard
 from pp_opt.profiler.costs import StageCost
@@ -232,7 +233,10 @@ def breakdown_table(breakdown: Sequence[dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def largest_term(rank: dict[str, float]) -> str:
-    """``"activations 61.0 GiB of 95.0"``: the largest term of a rank and its total."""
+def largest_term(rank: dict[str, float], *, total: str = "reserved") -> str:
+    """``"activations 61.0 GiB of 95.0"``: the largest term of a rank and its ``total``
+    (``reserved`` or ``allocated``, :data:`REPORTED`)."""
+    if total not in REPORTED:
+        raise ProblemError("total", f"got {total!r:.40}; use reserved or allocated")
     name = max(TERMS, key=lambda t: rank.get(t, 0.0))
-    return f"{name} {rank.get(name, 0.0) / GIB:.1f} GiB of {rank.get('reserved', 0.0) / GIB:.1f}"
+    return f"{name} {rank.get(name, 0.0) / GIB:.1f} GiB of {rank.get(total, 0.0) / GIB:.1f}"

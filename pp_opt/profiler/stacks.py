@@ -17,7 +17,7 @@ from typing import Any
 
 from pp_opt.card_files import card_names, card_text
 from pp_opt.errors import ProblemError
-from pp_opt.job import DISPATCHERS
+from pp_opt.job import DISPATCHERS, check_ac
 
 PREFIX = "stack-"
 """Bundled stack cards are ``models/stack-<name>.toml``."""
@@ -67,6 +67,9 @@ class StackCard:
     """It runs an overlapped F&B pair's halves at once (else in sequence)."""
     pair_overhead: float = 0.0
     """Compute added by sharing the GPU between a pair's halves (a fraction)."""
+    ac_modes: tuple[str, ...] = ("none", "selective_op", "full")
+    """The activation checkpointing modes it runs, which a plan searches when ``ac`` is not
+    pinned (torchtitan 0.3.0: none, ``SelectiveAC``'s op policy and ``FullAC``)."""
     note: str = ""
     """What the release does not do yet (printed with a plan for this stack)."""
 
@@ -86,6 +89,18 @@ class StackCard:
         for key in ("overlaps_pairs", "fsdp_holds_unsharded"):
             if not isinstance(getattr(self, key), bool):
                 raise ProblemError(f"stack.{key}", "expected true or false")
+        self._check_ac_modes()
+
+    def _check_ac_modes(self) -> None:
+        modes = self.ac_modes
+        if isinstance(modes, str) or not isinstance(modes, list | tuple) or not modes:
+            raise ProblemError("stack.ac_modes", f"got {modes!r:.60}; give a list of modes")
+        for mode in modes:
+            try:
+                check_ac(mode)
+            except ProblemError as err:
+                raise ProblemError("stack.ac_modes", err.message) from None
+        object.__setattr__(self, "ac_modes", tuple(modes))
 
     def dispatch_efficiency(self, dispatcher: str) -> float:
         """Fraction of the link bandwidth ``dispatcher`` reaches on this stack."""
