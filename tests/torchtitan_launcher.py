@@ -9,7 +9,7 @@ imported by pp_opt or by the main test suite. Two commands:
     generated text): the paths torchtitan's llama3 debug config reads, made locally (the
     wheel ships neither, and the test has no network).
 
-``torchrun --nproc-per-node 2 torchtitan_launcher.py run CASES.json OUT``
+``torchrun --nproc-per-node N torchtitan_launcher.py run CASES.json OUT``
     Runs each case of CASES.json (a list of ``{"name": ..., "args": [...]}``, the args
     being torchtitan's own command line: ``--module/--config`` and overrides) one after
     the other in the same processes (torch and torchtitan are imported once), and writes
@@ -22,7 +22,8 @@ patches, each for the reason given where it is done:
 1. the device (torchtitan has no CPU switch);
 2. FlexAttention (compiled with max-autotune, and refused on CPU for backward);
 3. two torch APIs torchtitan 0.3.0 calls and torch 2.13.0 lacks (backports);
-4. the trainer's 2-second sleep at the end of each run (test time only).
+4. the trainer's 2-second sleep at the end of each run (test time only);
+5. FSDP's gradient reduce-scatter on gloo (a sum where gloo lacks the pre-multiplied one).
 """
 
 from __future__ import annotations
@@ -179,6 +180,27 @@ def _patch_torch_backports() -> None:
         dist.set_timeout = lambda timeout, group=None: _set_pg_timeout(timeout, group)
 
 
+def _patch_fsdp_sum() -> None:
+    """5. FSDP (``dp_shard`` > 1, which expert parallelism borrows its ranks from) fails in
+    the first backward on gloo: torchtitan sets every FSDP module's gradient divide factor to
+    1 (it scales gradients by the global token count itself), and torch 2.13's FSDP2 then
+    reduce-scatters with ``ReduceOp.PREMUL_SUM(1/1)``, which gloo refuses ("Cannot use
+    ReduceOp.PREMUL_SUM with Gloo"). Also force FSDP's sum reduction there: a plain SUM and
+    a division by that factor of 1, the same numbers."""
+    import torchtitan.distributed.fsdp as tt_fsdp
+    from torch.distributed.fsdp import FSDPModule
+
+    original = tt_fsdp.disable_fsdp_gradient_division
+
+    def disable_division(model: Any) -> None:
+        original(model)
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_force_sum_reduction_for_comms(True)
+
+    tt_fsdp.disable_fsdp_gradient_division = disable_division
+
+
 def _patch_end_sleep() -> None:
     """4. At the end of training rank 0 sleeps 2 s "for other ranks to complete"; every case
     here then gets a fresh rendezvous store, so the sleep only adds 2 s a case to CI."""
@@ -224,6 +246,7 @@ def run(cases_path: Path, out: Path) -> None:
     _patch_device()
     _patch_flex_attention()
     _patch_torch_backports()
+    _patch_fsdp_sum()
     _patch_end_sleep()
     from torchtitan.components.metrics import MetricsProcessor
     from torchtitan.train import main
@@ -259,10 +282,15 @@ def run(cases_path: Path, out: Path) -> None:
         sys.argv = ["torchtitan", *case["args"]]
         main()
         steps = record.get("steps", [])
-        if steps and all(s["loss"] != -1.0 for s in steps):  # the rank with the loss
+        # The ranks with the loss; the others log -1 (or -2 beside data parallelism). With
+        # data parallelism several ranks have it (the same global mean): the last one to
+        # finish replaces the file whole.
+        if steps and all(s["loss"] >= 0 for s in steps):
             result = {"name": case["name"], "rank": rank, "steps": steps,
                       "wall": time.perf_counter() - started}  # fmt: skip
-            (out / f"{case['name']}.json").write_text(json.dumps(result, indent=1))
+            part = out / f"{case['name']}.json.{rank}"
+            part.write_text(json.dumps(result, indent=1))
+            os.replace(part, out / f"{case['name']}.json")
 
 
 if __name__ == "__main__":
