@@ -301,3 +301,10 @@ def test_a_plan_that_overlaps_on_torchtitan_says_the_release_does_not() -> None:
     assert _stack_notes(Job(pp=2, microbatches=4, seq=64, overlap=True,
                             stack="megatron-core")) == []  # fmt: skip
     assert _stack_notes(Job(pp=2, microbatches=4, seq=64)) == []
+
+
+def test_an_expert_parallel_job_turns_cuda_graphs_off() -> None:
+    """torchtitan 0.3.0 refuses CUDA graphs with its all-to-all token dispatcher, pipeline or
+    not."""
+    s = _settings(pp=1, v=1, layers=[32], dp=8, dp_shard=8, ep=4, schedule_csv=None)
+    assert any("cuda_graphs" in k for k in s["training"])

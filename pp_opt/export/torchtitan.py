@@ -72,7 +72,7 @@ def torchtitan_settings(
         parallelism[release.microbatch_key] = job.microbatches if count else job.mbs
         parallelism["module_fqns_per_model_part"] = facts.module_fqns(release, counts)
     training = _batch_keys(release, job)
-    if job.pp > 1:
+    if job.pp > 1 or job.ep > 1:  # torchtitan refuses CUDA graphs with either
         training[release.cuda_graphs_key] = True
     return {
         "version": release.version,
