@@ -79,7 +79,7 @@ def print_analytic(rows: list[dict[str, Any]]) -> None:
           f"{'m_b':>6} {'m_w':>6} {'static':>6} {'t_comm':>6}  paper t_f/t_b/t_w")  # fmt: skip
     for r in rows:
         mid, lay = r["middle_stage"], r["layout"]
-        shape = f"pp{lay['pp']} tp{lay.get('tp', 1)} b{lay['mbs']} m{lay['microbatches']}"
+        shape = f"pp{lay['pp']} tp{lay.get('tp', 1)} b{lay.get('mbs', 1)} m{lay['microbatches']}"
         paper = r.get("paper")
         ref = f"  {paper['t_f']}/{paper['t_b']}/{paper['t_w']}" if paper else ""
         times = f"{mid['t_f']:7.2f} {mid['t_b']:7.2f} {mid['t_w']:7.2f}"
