@@ -190,7 +190,8 @@ def write_markdown(path: Path, rows: list[dict[str, Any]]) -> None:
         mid, lay, paper = r["middle_stage"], r["layout"], r.get("paper")
         shown.append({
             "model": r["model"], "hardware": r["hardware"],
-            "layout": f"pp{lay['pp']} tp{lay.get('tp', 1)} mbs{lay.get('mbs', 1)} m{lay['microbatches']}",
+            "layout": (f"pp{lay['pp']} tp{lay.get('tp', 1)} mbs{lay.get('mbs', 1)} "
+                       f"m{lay['microbatches']}"),
             "t_f": mid["t_f"], "t_b": mid["t_b"], "t_w": mid["t_w"],
             "m_b": mid["m_b"] / GIB, "m_w": mid["m_w"] / GIB, "static": r["static_gib"],
             "paper": f"{paper['t_f']} / {paper['t_b']} / {paper['t_w']}" if paper else None,
