@@ -31,11 +31,10 @@ from pp_opt.profiler.formulas import (
     layer_flops,
     layer_params,
 )
-from pp_opt.profiler.fsdp import fsdp_on
+from pp_opt.profiler.fsdp import fsdp_on, fsdp_shard
 from pp_opt.profiler.job_costs import (
     FORMULA_MODES,
     layer_unit,
-    sharded_bytes_per_param,
 )
 from pp_opt.profiler.kernels import elementwise_bytes
 from pp_opt.profiler.layer_split import stage_total
@@ -204,7 +203,7 @@ def job_bytes_per_param(job: Job) -> float:
     if stack.optimizer == "distributed" and job.bytes_per_param is None:
         return distributed_bytes_per_param(stack, job.dp * job.cp)
     if fsdp_on(job):
-        return sharded_bytes_per_param(job) * fsdp_state_bytes(stack) / 16.0
+        return fsdp_state_bytes(stack) / fsdp_shard(job)
     if job.bytes_per_param is not None:
         return float(job.bytes_per_param)
     return bytes_per_param(dp=job.dp, optimizer_sharding=job.optimizer_sharding)

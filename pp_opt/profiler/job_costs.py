@@ -13,21 +13,16 @@ what the job runs, each effect from its own module:
 * context parallelism (:mod:`context_parallel`): every per-GPU cost is ``1 / cp`` of the
   full sequence's (load-balanced causal ring attention), plus the key/value exchange.
 
-A device's fixed memory beside its activations (:func:`device_fixed_bytes`) adds FSDP's
-sharded state, the unsharded parameters and fp32 gradients a pipelined FSDP stage holds
-(:mod:`fsdp`), the largest checkpointing transient, and the pipeline's receive buffers.
+A device's fixed memory beside its activations is :func:`memory_breakdown.static_terms`'.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 from pp_opt.job import Job
 from pp_opt.profiler.cards import HardwareCard, ModelCard
 from pp_opt.profiler.checkpointing import layer_checkpoint_cost
 from pp_opt.profiler.comm import fp8_gemm_ms, gemm_ms, hbm_ms, node_link
 from pp_opt.profiler.context_parallel import ring_attention
-from pp_opt.profiler.costs import StageCost
 from pp_opt.profiler.formulas import (
     LayerShape,
     attention_core_flops,
@@ -35,14 +30,12 @@ from pp_opt.profiler.formulas import (
     layer_flops,
     linear_flops,
 )
-from pp_opt.profiler.fsdp import fsdp_shard, sharded_state_bytes
 from pp_opt.profiler.kernels import (
     elementwise_bytes,
     fp8_cast_bytes,
     tp_collective_bytes,
     tp_exposed_s,
 )
-from pp_opt.profiler.memory_breakdown import static_terms
 
 FORMULA_MODES = ("none", "selective")
 """Checkpointing modes :mod:`formulas` counts itself; the others start from ``none``."""
@@ -130,21 +123,3 @@ def context_parallel_unit(
     out["t_b"] += 1e3 * ring.backward_exposed_s
     out["transient"] += ring.kv_block_bytes * job.cp
     return out
-
-
-def device_fixed_bytes(
-    card: ModelCard, job: Job, stages: Sequence[StageCost],
-    transients: Sequence[tuple[float, float]], per_param: float,
-) -> list[float]:  # fmt: skip
-    """Per device, what it holds beside its activations (bytes): the sum of its static terms
-    (:func:`memory_breakdown.static_terms`: state, FSDP's unsharded parameters and, as a
-    bound, the fp32 gradients a pipelined stage accumulates, torch pipelining's receive
-    buffers and the last stage's logits, the largest backward transient, the allocator's
-    cached all-gather buffers)."""
-    return [sum(t.values()) for t in static_terms(card, job, stages, transients, per_param)]
-
-
-def sharded_bytes_per_param(job: Job) -> float:
-    """FSDP's static bytes per parameter: fp32 master, gradient and two moments over the
-    shard degree (``dp_shard x cp``)."""
-    return sharded_state_bytes(1.0, shard=fsdp_shard(job))

@@ -52,7 +52,7 @@ class Layout:
     fp8: bool
 
     @classmethod
-    def of(cls, card: ModelCard, job: Job, stack: StackCard) -> Layout:
+    def of(cls, job: Job, stack: StackCard) -> Layout:
         return cls(tokens=job.seq * job.mbs / job.cp, seq=job.seq, tp=job.tp, ep=job.ep,
                    etp=job.etp, imbalance=job.expert_imbalance,
                    dispatcher=job.dispatcher or stack.dispatcher, fp8=job.fp8)  # fmt: skip
@@ -199,7 +199,7 @@ def layer_unit(card: ModelCard, hw: HardwareCard, job: Job, *, moe: bool) -> dic
     hides them), ``m_b, m_w, transient`` (bytes) and ``params, expert_params`` (this GPU's),
     under the job's checkpointing mode."""
     stack = load_stack_card(job.stack)
-    lay = Layout.of(card, job, stack)
+    lay = Layout.of(job, stack)
     t, h, tok = lay.tp, card.hidden, lay.tokens
     att = attention_parts(card)
     shared, routed = mlp_width(card, moe)
