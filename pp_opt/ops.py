@@ -263,22 +263,44 @@ def has_pair_savings(problem: Problem) -> bool:
 
 
 def pair_relaxed(problem: Problem) -> Problem:
-    """The problem whose ``F`` and backward ops cost only their compute (communication 0).
+    """A problem whose lower bounds hold for schedules with pairs: ``F`` and the backward
+    ops cost what they may cost at least inside a pair, communication folded in.
 
-    A pair lasts at least its halves' compute together (:func:`pair_time`, with
-    ``pair_overhead >= 0``), so running its ``F`` and then its backward at their compute
-    times inside the pair's interval turns any schedule with pairs into one of this
-    problem that starts nothing later, frees nothing later and ends no later: its lower
-    bounds hold for schedules with pairs. The problem itself when nothing can be hidden.
+    With ``Fc, Fm`` an ``F``'s compute and communication, ``Bc, Bm`` a backward's, and
+    ``Bc*, Fc*`` the largest backward and forward compute of any stage on the same device
+    (the only partners a pair can have), every pair of :func:`pair_time` lasts at least
+    ``F' + B'`` with::
+
+        F' = min(t_f, Fc (1 + o) + max(0, Fm - Bc*))
+        B' = min(back, Bc (1 + o) + max(0, Bm - Fc*))
+
+    (``o`` the pair overhead): the overlapped time's terms each bound one half, and the
+    halves in sequence take ``t_f + back``. ``F' <= t_f`` and ``B' <= back`` hold alone.
+    So running a pair's ``F`` and then its backward at these times inside the pair's
+    interval turns any schedule with pairs into one of this problem that starts nothing
+    later, frees nothing later and ends no later. The problem itself when nothing can be
+    hidden (named baselines pair a problem's ops whether or not its solver may).
     """
     if not has_pair_savings(problem):
         return problem
+    grow = 1.0 + problem.pair_overhead
+    f_compute = [st.t_f - st.t_f_comm for st in problem.stages]
+    b_compute = [max(whole - min(st.t_b_comm, whole) for whole in (st.t_b, st.fused_backward))
+                 for st in problem.stages]  # fmt: skip
+    f_most: dict[int, float] = {}
+    b_most: dict[int, float] = {}
+    for st, fc, bc in zip(problem.stages, f_compute, b_compute, strict=True):
+        f_most[st.device] = max(f_most.get(st.device, 0.0), fc)
+        b_most[st.device] = max(b_most.get(st.device, 0.0), bc)
+
+    def back(whole: float, comm: float, device: int) -> float:
+        comm = min(comm, whole)
+        return min(whole, (whole - comm) * grow + max(0.0, comm - f_most[device]))
+
     stages = []
-    for st in problem.stages:
-        fused = st.fused_backward
-        stages.append(
-            replace(st, t_f=st.t_f - st.t_f_comm, t_b=st.t_b - st.t_b_comm,
-                    t_bw=None if st.t_bw is None else max(0.0, fused - st.t_b_comm),
-                    t_f_comm=0.0, t_b_comm=0.0)
-        )  # fmt: skip
+    for st, fc in zip(problem.stages, f_compute, strict=True):
+        t_f = min(st.t_f, fc * grow + max(0.0, st.t_f_comm - b_most[st.device]))
+        t_b = back(st.t_b, st.t_b_comm, st.device)
+        t_bw = back(st.fused_backward, st.t_b_comm, st.device)
+        stages.append(replace(st, t_f=t_f, t_b=t_b, t_bw=t_bw, t_f_comm=0.0, t_b_comm=0.0))
     return problem.replace(stages=tuple(stages))

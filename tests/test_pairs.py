@@ -268,6 +268,38 @@ def test_lower_bound_holds_for_schedules_with_pairs():
     assert lower_bound(problem) <= lower_bound(plain)
 
 
+def test_pair_relaxation_keeps_the_communication_no_partner_can_hide():
+    """Closed form on two stages of one device (t_f 4, t_b 6, t_w 2): F carries 3 of comm,
+    B 5. Partners' compute: forward 1, backward at most 6 + 2 - 5 = 3 (a fused BW)."""
+    problem = two_stages().replace(
+        stages=tuple(dataclasses.replace(st, t_f_comm=3.0, t_b_comm=5.0)
+                     for st in two_stages().stages),  # fmt: skip
+        pair_overhead=0.1,
+    )
+    st = pair_relaxed(problem).stages[0]
+    assert st.t_f == pytest.approx(1 * 1.1 + (3 - 3))  # Fm 3 hides under BW's 3
+    assert st.t_b == pytest.approx(1 * 1.1 + (5 - 1))  # Bm 5 shows 4 past Fc 1
+    assert st.t_bw == pytest.approx(3 * 1.1 + (5 - 1))
+    # every pair lasts at least its halves' relaxed times
+    for backward, relaxed_back in ((B, st.t_b), (BW, st.t_bw)):
+        assert pair_time(problem, 0, 1, backward) >= st.t_f + relaxed_back - 1e-12
+
+
+@pytest.mark.parametrize("name", ["even", "uneven", "comm-heavy"])
+def test_lower_bound_with_pairs_holds_at_the_brute_force_optimum(name):
+    """The relaxation counts the communication a pair cannot hide; the bound still never
+    exceeds the best schedule with pairs, found by enumeration."""
+    problem = _tiny(name).replace(pairs=True)
+    compute_only = problem.replace(stages=tuple(
+        dataclasses.replace(st, t_f=st.t_f - st.t_f_comm, t_b=st.t_b - st.t_b_comm,
+                            t_f_comm=0.0, t_b_comm=0.0) for st in problem.stages))  # fmt: skip
+    bound = lower_bound(problem)
+    assert bound <= _brute_force_makespan(problem) + 1e-9
+    assert bound >= lower_bound(compute_only) - 1e-9
+    if name == "comm-heavy":  # communication no compute can hide: strictly tighter
+        assert bound > lower_bound(compute_only) + 0.1
+
+
 # ---------------------------------------------------------------- the DualPipe table
 
 
@@ -369,6 +401,14 @@ TINY = {
         overhead=0.1,
     ),  # fmt: skip
 }
+
+
+def _tiny(name: str) -> Problem:
+    if name == "comm-heavy":  # 80% of F and B is all-to-all: more than any partner computes
+        base = uniform_problem(p=2, m=2, t_f=2.0, t_b=2.0, t_w=0.0, t_comm=0.1,
+                               split_backward=False)  # fmt: skip
+        return with_comm(base, 0.8, 0.8, overhead=0.15)
+    return TINY[name]
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
