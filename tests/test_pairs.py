@@ -272,8 +272,9 @@ def test_pair_relaxation_keeps_the_communication_no_partner_can_hide():
     """Closed form on two stages of one device (t_f 4, t_b 6, t_w 2): F carries 3 of comm,
     B 5. Partners' compute: forward 1, backward at most 6 + 2 - 5 = 3 (a fused BW)."""
     problem = two_stages().replace(
-        stages=tuple(dataclasses.replace(st, t_f_comm=3.0, t_b_comm=5.0)
-                     for st in two_stages().stages),  # fmt: skip
+        stages=tuple(
+            dataclasses.replace(st, t_f_comm=3.0, t_b_comm=5.0) for st in two_stages().stages
+        ),  # fmt: skip
         pair_overhead=0.1,
     )
     st = pair_relaxed(problem).stages[0]
