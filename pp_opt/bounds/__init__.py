@@ -9,8 +9,8 @@
 
 Time bounds only use the required ops (``F``, ``B``/``W`` or ``BW``), never the
 optional ones (offload copies and recomputation can only add work). Where overlapped
-pairs can hide communication, they bound the problem of compute alone
-(:func:`pp_opt.ops.pair_relaxed`).
+pairs can hide communication, they bound the problem whose ops cost what they may cost
+inside a pair (:func:`pp_opt.ops.pair_relaxed`).
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def lower_bound(
     if objective not in OBJECTIVES:
         raise ProblemError("objective", f"unknown {objective!r}; use 'makespan' or 'span'")
     fractions = tuple(offload_fractions)
-    # Overlapped pairs may hide communication: bound the problem of compute alone.
+    # Overlapped pairs may hide communication: bound the problem of ops at their pair share.
     problem = pair_relaxed(problem)
     if problem.placement == "dual":
         return _busiest_device(problem)

@@ -87,7 +87,7 @@ def device_relaxation_bound(
     relaxation that cannot beat it bounds the problem by ``upper``. Each device gets an
     equal share of what is left of ``time_limit``; the device bounds stop once one
     reaches ``upper``, or when ``search`` (:mod:`pp_opt.solvers.process.stop`) is stopped.
-    With ``problem.pairs`` it bounds the problem of compute alone
+    With ``problem.pairs`` it bounds the problem of ops at their least share of a pair
     (:func:`pp_opt.ops.pair_relaxed`): overlapped pairs may hide the communication.
     """
     if problem.offload or problem.recompute:
