@@ -14,18 +14,13 @@ from pp_opt.planner.candidates import config_splits
 from pp_opt.planner.config import Candidate, Pins, PlanInputs
 from pp_opt.planner.space import enumerate_configs
 from pp_opt.planner.split import best_split, in_flight, memory_levels, split_model
-from pp_opt.planner.step import (
-    dp_sync_bound,
-    dp_sync_ms,
-    model_flops_per_sequence,
-    optimizer_ms,
-    ring_all_reduce_ms,
-    step_time,
-)
+from pp_opt.planner.step import dp_sync_bound, dp_sync_ms, step_time
 from pp_opt.profiler import load_hardware_card, load_model_card, profile_costs
 from pp_opt.profiler.analytic import bytes_per_param, stage_costs, tp_comm_ms, unit_costs
 from pp_opt.profiler.cards import model_card_from_dict
+from pp_opt.profiler.comm import ring_all_reduce_ms
 from pp_opt.profiler.layer_split import job_for_card
+from pp_opt.profiler.step_terms import model_flops_per_sequence, optimizer_ms
 
 H100 = load_hardware_card("h100-80gb")
 TINY = model_card_from_dict(TINY_CARD, "tiny")
@@ -269,16 +264,18 @@ def test_step_time_and_its_rates() -> None:
     figures = step_time(inputs, config, makespan=100.0, dp_sync=5.0, optimizer_step=2.0)
     assert figures.step_time == 107.0
     assert figures.tokens_per_s_per_gpu == pytest.approx(8 * 512 / 0.107 / 4)
-    flops = 8 * model_flops_per_sequence(inputs)
+    flops = 8 * model_flops_per_sequence(inputs.model, inputs.seq)
     assert figures.mfu == pytest.approx(flops / (0.107 * 4 * H100.peak_flops))
     # 6 N per token (the layers' matrices and the output layer), plus attention's QK^T and
     # PV: 4 s h per token and layer forward, three times that with the backward
     h, f, kv, s = 512, 1536, 256, 512
     n = TINY.layers * (h * (h + 2 * kv) + h * h + 3 * h * f) + h * 2048
     attention = 3 * 4 * s * h * TINY.layers
-    assert model_flops_per_sequence(inputs) == pytest.approx(s * (6 * n + attention))
-    sharded = optimizer_ms(inputs, _config(dp=2, optimizer_sharding=True), [1e9])
-    assert sharded == pytest.approx(optimizer_ms(inputs, _config(dp=2), [1e9]) / 2)
+    assert model_flops_per_sequence(inputs.model, inputs.seq) == pytest.approx(
+        s * (6 * n + attention)
+    )
+    sharded = optimizer_ms(_config(dp=2, optimizer_sharding=True), inputs.hardware, [1e9])
+    assert sharded == pytest.approx(optimizer_ms(_config(dp=2), inputs.hardware, [1e9]) / 2)
 
 
 # --- ranking -------------------------------------------------------------------------------

@@ -17,18 +17,15 @@ from pp_opt.planner.config import Candidate, PlanInputs
 from pp_opt.planner.infeasible import peak_term
 from pp_opt.planner.memory import memory_breakdown
 from pp_opt.planner.problems import OFFLOAD_FRACTIONS, candidate_problem, candidate_profile
-from pp_opt.planner.step import (
-    dp_sync_ms,
-    fsdp_exposed_ms,
-    fsdp_units,
-    gradients_ready,
-    optimizer_ms,
-    stage_all_reduce_ms,
-    step_time,
-)
+from pp_opt.planner.step import dp_sync_ms, gradients_ready, step_time
 from pp_opt.problem import Problem
 from pp_opt.profiler.costs import CostProfile
 from pp_opt.profiler.stacks import load_stack_card
+from pp_opt.profiler.step_terms import (
+    profile_fsdp_exposed_ms,
+    profile_optimizer_ms,
+    profile_reduce_ms,
+)
 from pp_opt.schedule import Schedule
 from pp_opt.solvers.process.stop import StopToken
 
@@ -206,11 +203,10 @@ def _score(out: Scored, job: EvaluationTask, schedule: Schedule, profile: CostPr
     problem = schedule.problem
     config = job.candidate.job
     makespan = schedule.metrics.makespan
-    reduce = stage_all_reduce_ms(job.inputs, config, profile.stage_params())
     devices = [st.device for st in problem.stages]
-    sync = dp_sync_ms(gradients_ready(schedule), devices, reduce, makespan)
-    sync += fsdp_exposed_ms(job.inputs, config, *fsdp_units(job.inputs, config))
-    optimizer = optimizer_ms(job.inputs, config, profile.device_params())
+    sync = dp_sync_ms(gradients_ready(schedule), devices, profile_reduce_ms(profile), makespan)
+    sync += profile_fsdp_exposed_ms(profile)
+    optimizer = profile_optimizer_ms(profile)
     figures = step_time(job.inputs, config, makespan=makespan, dp_sync=sync,
                         optimizer_step=optimizer)  # fmt: skip
     out.iteration_makespan = figures.iteration_makespan

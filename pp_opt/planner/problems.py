@@ -13,17 +13,16 @@ from dataclasses import dataclass
 from pp_opt.bounds import lower_bound, min_feasible_cap
 from pp_opt.errors import ProblemError
 from pp_opt.planner.config import Candidate, PlanInputs
-from pp_opt.planner.step import (
-    dp_sync_bound,
-    fsdp_exposed_ms,
-    fsdp_units,
-    optimizer_ms,
-    stage_all_reduce_ms,
-)
+from pp_opt.planner.step import dp_sync_bound
 from pp_opt.problem import Problem
 from pp_opt.profiler.analytic import profile_analytic
 from pp_opt.profiler.costs import CostProfile, problem_from_profile
 from pp_opt.profiler.layer_split import job_for_card
+from pp_opt.profiler.step_terms import (
+    profile_fsdp_exposed_ms,
+    profile_optimizer_ms,
+    profile_reduce_ms,
+)
 
 OFFLOAD_FRACTIONS = (1.0,)
 """Offload fractions a plan's solves allow (when offload is on)."""
@@ -76,8 +75,7 @@ def bound_candidate(inputs: PlanInputs, candidate: Candidate) -> Bounded:
     if min_feasible_cap(problem, OFFLOAD_FRACTIONS) > cap * (1 + 1e-12):
         return Bounded(candidate=candidate, infeasible="activation memory over the cap")
     makespan = lower_bound(problem, offload_fractions=OFFLOAD_FRACTIONS)
-    reduce = stage_all_reduce_ms(inputs, candidate.job, profile.stage_params())
-    optimizer = optimizer_ms(inputs, candidate.job, profile.device_params())
-    optimizer += fsdp_exposed_ms(inputs, candidate.job, *fsdp_units(inputs, candidate.job))
+    reduce = profile_reduce_ms(profile)
+    optimizer = profile_optimizer_ms(profile) + profile_fsdp_exposed_ms(profile)
     return Bounded(candidate=candidate, makespan_bound=makespan,
                    step_bound=makespan + dp_sync_bound(reduce) + optimizer)  # fmt: skip
