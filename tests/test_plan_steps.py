@@ -20,7 +20,11 @@ from pp_opt.profiler.analytic import bytes_per_param, stage_costs, tp_comm_ms, u
 from pp_opt.profiler.cards import model_card_from_dict
 from pp_opt.profiler.comm import ring_all_reduce_ms
 from pp_opt.profiler.layer_split import job_for_card
-from pp_opt.profiler.step_terms import model_flops_per_sequence, optimizer_ms
+from pp_opt.profiler.step_terms import (
+    model_flops_per_sequence,
+    optimizer_ms,
+    stage_all_reduce_ms,
+)
 
 H100 = load_hardware_card("h100-80gb")
 TINY = model_card_from_dict(TINY_CARD, "tiny")
@@ -276,6 +280,22 @@ def test_step_time_and_its_rates() -> None:
     )
     sharded = optimizer_ms(_config(dp=2, optimizer_sharding=True), inputs.hardware, [1e9])
     assert sharded == pytest.approx(optimizer_ms(_config(dp=2), inputs.hardware, [1e9]) / 2)
+
+
+def test_routed_experts_reduce_and_update_over_their_own_data_parallel_group() -> None:
+    """dp 8, ep 4: experts have 2 data-parallel replicas (edp), the dense part 8; with
+    ep = dp the experts are not reduced at all and their optimizer state is not sharded."""
+    link = H100.intra_node_gbs, H100.intra_node_latency_us  # 8 GPUs: one node
+    moe = _config(pp=1, dp=8, ep=4, optimizer_sharding=True)
+    dense, experts = 2e8, 6e8
+    (reduce,) = stage_all_reduce_ms(moe, H100, [dense + experts], [experts])
+    assert reduce == pytest.approx(
+        ring_all_reduce_ms(2 * dense, 8, *link) + ring_all_reduce_ms(2 * experts, 2, *link)
+    )
+    (whole,) = stage_all_reduce_ms(_config(pp=1, dp=8, ep=8), H100, [dense + experts], [experts])
+    assert whole == pytest.approx(ring_all_reduce_ms(2 * dense, 8, *link))
+    updated = optimizer_ms(moe, H100, [dense + experts], [experts])
+    assert updated == pytest.approx(optimizer_ms(moe, H100, [dense + 4 * experts]))  # 1/8, 1/2
 
 
 # --- ranking -------------------------------------------------------------------------------

@@ -67,21 +67,29 @@ def fsdp_links(config: Job, hardware: HardwareCard
             node_link(hardware, spans_nodes=outer > per_node))  # fmt: skip
 
 
-def stage_all_reduce_ms(config: Job, hardware: HardwareCard, params: Sequence[float]
-                        ) -> list[float]:  # fmt: skip
-    """Gradient reduction time of each stage (``params``: per stage, per GPU) once its last
-    backward has run: a bf16 all-reduce over ``dp``, or FSDP's fp32 reduce-scatter (and HSDP's
-    all-reduce); 0 for FSDP without a pipeline (its per-layer reduce-scatters overlap the
-    backward, :func:`fsdp_exposed_ms`)."""
+def stage_all_reduce_ms(config: Job, hardware: HardwareCard, params: Sequence[float],
+                        expert_params: Sequence[float] | None = None) -> list[float]:  # fmt: skip
+    """Gradient reduction time of each stage (``params``: per stage, per GPU, ``expert_params``
+    the routed experts' part of them) once its last backward has run: a bf16 all-reduce over
+    ``dp``, or FSDP's fp32 reduce-scatter (and HSDP's all-reduce); 0 for FSDP without a
+    pipeline (its per-layer reduce-scatters overlap the backward, :func:`fsdp_exposed_ms`).
+    Routed experts reduce over their own data-parallel group (``edp``, none when it is 1), as
+    Megatron-Core's expert data parallelism and torchtitan's expert FSDP mesh do."""
+    experts = list(expert_params) if expert_params is not None else [0.0] * len(params)
+    dense = [n - e for n, e in zip(params, experts, strict=True)]
     if not fsdp_on(config):
         gbs, latency = dp_link(config, hardware)
-        return [ring_all_reduce_ms(GRAD_BYTES * n, config.dp, gbs, latency) for n in params]
+        return [ring_all_reduce_ms(GRAD_BYTES * n, config.dp, gbs, latency)
+                + ring_all_reduce_ms(GRAD_BYTES * e, config.edp, gbs, latency)
+                for n, e in zip(dense, experts, strict=True)]  # fmt: skip
     if config.pp == 1:
         return [0.0 for _ in params]
     shard, replicate = fsdp_links(config, hardware)
     return [ring_reduce_scatter_ms(FSDP_GRAD_BYTES * n, fsdp_shard(config), *shard)
             + ring_all_reduce_ms(FSDP_GRAD_BYTES * n / fsdp_shard(config), config.dp_replicate,
-                                 *replicate) for n in params]  # fmt: skip
+                                 *replicate)
+            + ring_reduce_scatter_ms(FSDP_GRAD_BYTES * e, config.edp, *shard)
+            for n, e in zip(dense, experts, strict=True)]  # fmt: skip
 
 
 def fsdp_units(config: Job, model: ModelCard, hardware: HardwareCard
@@ -125,10 +133,17 @@ def fsdp_exposed_ms(config: Job, model: ModelCard, hardware: HardwareCard,
     return root + model.layers * per_layer
 
 
-def optimizer_ms(config: Job, hardware: HardwareCard, device_params: Sequence[float]) -> float:
-    """Adam's step on the device with the most parameters (ms)."""
-    share = fsdp_shard(config) if fsdp_on(config) else config.dp if config.optimizer_sharding else 1
-    return hbm_ms(max(device_params) * OPTIMIZER_BYTES / share, hardware)
+def optimizer_ms(config: Job, hardware: HardwareCard, device_params: Sequence[float],
+                 device_expert_params: Sequence[float] | None = None) -> float:  # fmt: skip
+    """Adam's step on the slowest device (ms): its dense parameters' share over the shard
+    group when the state is sharded, its routed experts' over ``edp``."""
+    sharded = fsdp_on(config) or config.optimizer_sharding
+    share = fsdp_shard(config) if fsdp_on(config) else config.dp if sharded else 1
+    experts = device_expert_params or [0.0] * len(device_params)
+    expert_share = config.edp if sharded else 1
+    updated = max((n - e) / share + e / expert_share
+                  for n, e in zip(device_params, experts, strict=True))  # fmt: skip
+    return hbm_ms(updated * OPTIMIZER_BYTES, hardware)
 
 
 def model_flops_per_sequence(card: ModelCard, s: int) -> float:
@@ -144,7 +159,8 @@ def model_flops_per_sequence(card: ModelCard, s: int) -> float:
 
 def profile_reduce_ms(profile: CostProfile) -> list[float]:
     """Each of the profile's stages' gradient reduction (:func:`stage_all_reduce_ms`)."""
-    return stage_all_reduce_ms(profile.job, profile.hardware, profile.stage_params())
+    experts = [st.expert_params for st in profile.stages]
+    return stage_all_reduce_ms(profile.job, profile.hardware, profile.stage_params(), experts)
 
 
 def profile_fsdp_exposed_ms(profile: CostProfile) -> float:
@@ -155,4 +171,7 @@ def profile_fsdp_exposed_ms(profile: CostProfile) -> float:
 
 def profile_optimizer_ms(profile: CostProfile) -> float:
     """The optimizer step of the profile's device with the most parameters."""
-    return optimizer_ms(profile.job, profile.hardware, profile.device_params())
+    experts = [0.0] * profile.job.pp
+    for st in profile.stages:
+        experts[st.device] += st.expert_params
+    return optimizer_ms(profile.job, profile.hardware, profile.device_params(), experts)
