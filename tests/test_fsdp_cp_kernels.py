@@ -123,3 +123,36 @@ def test_tp_collectives_and_async_overlap() -> None:
     assert tp_exposed_s(1.0, 5.0, tp=8, async_tp=True) == pytest.approx(1 / 8)
     assert tp_exposed_s(2.0, 1.0, tp=8, async_tp=True) == pytest.approx(2 / 8 + 7 / 8)
     assert tp_exposed_s(2.0, 1.0, tp=1, async_tp=True) == 0.0
+
+
+def test_ring_round_bytes_closed_form() -> None:
+    from pp_opt.profiler.context_parallel import (
+        ACCUMULATE_BYTES,
+        CAT_BYTES,
+        FLASH_BWD_CALL_BYTES,
+        MERGE_BYTES,
+        SEND_BYTES,
+        ring_round_bytes,
+    )
+
+    assert ring_round_bytes(s=8192, b=1, h_q=4096, h_kv=4096, cp=1) == (0.0, 0.0)
+    fwd, bwd = ring_round_bytes(s=65536, b=2, h_q=4096, h_kv=1024, cp=4, tp=2)
+    q = 2 * 16384 * 4096 / 2
+    kv = 2 * 2 * 16384 * 1024 / 2
+    assert fwd == pytest.approx(3 * q * (MERGE_BYTES + CAT_BYTES / 2))
+    per_round = q * (FLASH_BWD_CALL_BYTES + ACCUMULATE_BYTES + CAT_BYTES / 2) + kv * (
+        ACCUMULATE_BYTES + SEND_BYTES + CAT_BYTES / 2
+    )
+    assert bwd == pytest.approx(4 * per_round)
+
+
+def test_permute_rate_carries_the_gradient_hops() -> None:
+    kw = {"s": 65536, "b": 1, "h_kv": 4096, "cp": 4, "link_gbs": 100.0}
+    ring = ring_attention(**kw, attention_f_s=0.0, attention_b_s=0.0, serialized=True,
+                          permute_gbs=50.0)  # fmt: skip
+    block = 2 * 2 * 16384 * 4096
+    assert ring.forward_exposed_s == pytest.approx(3 * block / 100e9)
+    assert ring.backward_exposed_s == pytest.approx(3 * block / 100e9 + 4 * 2 * block / 50e9)
+    ring = ring_attention(**kw, attention_f_s=0.0, attention_b_s=0.0, serialized=True,
+                          permute_gbs=50.0, rotate="alltoall")  # fmt: skip
+    assert ring.forward_exposed_s == pytest.approx(3 * block / 50e9)

@@ -55,7 +55,7 @@ def ring_attention(
     *, s: int, b: int, h_kv: int, cp: int, tp: int = 1, dtype_bytes: int = 2,
     attention_f_s: float, attention_b_s: float, link_gbs: float, latency_us: float = 0.0,
     rotate: str = "allgather", grad_dtype_bytes: float = 4.0, h_q: int | None = None,
-    serialized: bool = False,
+    serialized: bool = False, permute_gbs: float | None = None,
 ) -> RingAttention:  # fmt: skip
     """The communication of one layer's ring attention and what of it stays exposed.
 
@@ -80,6 +80,11 @@ def ring_attention(
       collective is waited as soon as it is issued (``_functional_collectives._maybe_wrap_tensor``
       returns ``wait_tensor(...)`` when tracing; inductor's comm reordering is off by
       default), so nothing of it hides behind attention.
+
+    ``link_gbs``: the rate of the all-gather; ``permute_gbs`` (default ``link_gbs``) that of
+    an all-to-all permute (``_functional_collectives.permute_tensor`` is an
+    ``all_to_all_single`` with one non-zero split per rank): the gradient hops, and the
+    key/value hops of ``alltoall``.
     """
     if rotate not in ROTATE_METHODS:
         raise ProblemError("rotate", f"unknown {rotate!r}; use one of {', '.join(ROTATE_METHODS)}")
@@ -90,8 +95,10 @@ def ring_attention(
     steps = cp - 1
     grad_block = block * grad_dtype_bytes / dtype_bytes
     fwd_bytes, bwd_bytes = steps * block, steps * block + cp * grad_block
-    step_s = latency_us * 1e-6 + block / (link_gbs * 1e9)
-    grad_s = latency_us * 1e-6 + grad_block / (link_gbs * 1e9)
+    permute = link_gbs if permute_gbs is None else permute_gbs
+    kv_gbs = link_gbs if rotate == "allgather" else permute
+    step_s = latency_us * 1e-6 + block / (kv_gbs * 1e9)
+    grad_s = latency_us * 1e-6 + grad_block / (permute * 1e9)
     round_f, round_b = attention_f_s / cp, attention_b_s / cp
     if serialized:
         fwd = steps * step_s
@@ -107,3 +114,45 @@ def ring_attention(
     return RingAttention(kv_block_bytes=block, forward_bytes=fwd_bytes, backward_bytes=bwd_bytes,
                          forward_exposed_s=fwd, backward_exposed_s=bwd,
                          backward_buffer_bytes=buffers)  # fmt: skip
+
+
+MERGE_BYTES = 4.0 + 2.0 + 4.0
+"""HBM bytes per output element of one merge round in F (``_SDPAMerger._merge_one``, fused
+as a compiled block fuses it): read the fp32 running output and the round's bf16 output,
+write the fp32 result; the log-sum-exp is ``1 / head_dim`` of that and left out."""
+CAT_BYTES = 4.0 + 4.0
+"""``_partial_update`` (a round that touches one of the two local chunks) rebuilds the whole
+fp32 tensor with ``torch.cat``: read and write 4 bytes per element of it."""
+FLASH_BWD_CALL_BYTES = 2.0 + 2.0 + 4.0 + 4.0 + 2.0
+"""Per query element, what one flash backward call moves besides its GEMMs (FlashAttention-2
+``mha_bwd``): ``rowsum(dO * O)`` reads dO and O (bf16), the fp32 ``dq_accum`` is zeroed and
+converted to the bf16 ``dq``."""
+ACCUMULATE_BYTES = 4.0 + 2.0 + 4.0
+"""``grad += grad_`` in fp32 from a bf16 round gradient: read both, write fp32."""
+SEND_BYTES = 4.0 + 4.0
+"""``torch.cat([grad_key.flatten(), grad_value.flatten()])``: the fp32 gradients copied into
+the buffer sent to the next rank."""
+
+
+def ring_round_bytes(*, s: int, b: int, h_q: int, h_kv: int, cp: int, tp: int = 1) -> tuple[
+    float, float
+]:  # fmt: skip
+    """HBM bytes the ring moves beside the attention kernels, per layer, in F and in B.
+
+    F (torch ``_templated_ring_attention``): each of the rounds after the first merges its
+    output into the fp32 running output (:data:`MERGE_BYTES`); a round that uses half of the
+    local queries (about half of them under load balancing) rebuilds the whole output
+    (:data:`CAT_BYTES`). B (``_templated_ring_attention_backward``): each of the ``cp``
+    rounds pays one flash backward call's overhead (:data:`FLASH_BWD_CALL_BYTES`), adds its
+    query gradient and its key/value gradients into the fp32 accumulators
+    (:data:`ACCUMULATE_BYTES`; half the rounds rebuild one of them whole,
+    :data:`CAT_BYTES`) and copies the key/value gradients into the send buffer
+    (:data:`SEND_BYTES`). ``h_kv``: the width of the keys and values the ring carries."""
+    if cp == 1:
+        return 0.0, 0.0
+    q = b * (s / cp) * h_q / tp
+    kv = 2.0 * b * (s / cp) * h_kv / tp
+    forward = (cp - 1) * q * (MERGE_BYTES + CAT_BYTES / 2)
+    per_round = (q * (FLASH_BWD_CALL_BYTES + ACCUMULATE_BYTES + CAT_BYTES / 2)
+                 + kv * (ACCUMULATE_BYTES + SEND_BYTES + CAT_BYTES / 2))  # fmt: skip
+    return forward, cp * per_round

@@ -22,7 +22,7 @@ from pp_opt.job import Job
 from pp_opt.profiler.cards import HardwareCard, ModelCard
 from pp_opt.profiler.checkpointing import layer_checkpoint_cost
 from pp_opt.profiler.comm import fp8_gemm_ms, gemm_ms, hbm_ms, node_link
-from pp_opt.profiler.context_parallel import ring_attention
+from pp_opt.profiler.context_parallel import ring_attention, ring_round_bytes
 from pp_opt.profiler.formulas import (
     LayerShape,
     attention_core_flops,
@@ -121,13 +121,17 @@ def context_parallel_unit(
     ring = ring_attention(
         s=job.seq, b=job.mbs, h_kv=width, h_q=card.hidden, cp=job.cp, tp=job.tp,
         dtype_bytes=card.dtype_bytes, attention_f_s=gemm_ms(core, hw) / 1e3 / job.cp,
-        attention_b_s=gemm_ms(2 * core, hw) / 1e3 / job.cp, link_gbs=gbs, latency_us=latency,
-        grad_dtype_bytes=stack.cp_grad_bytes,
+        attention_b_s=gemm_ms(2 * core, hw) / 1e3 / job.cp,
+        link_gbs=gbs * stack.allgather_efficiency, latency_us=latency,
+        permute_gbs=gbs * stack.alltoall_efficiency, grad_dtype_bytes=stack.cp_grad_bytes,
         serialized=job.compile and stack.cp_serialized_when_compiled,
     )  # fmt: skip
-    out["t_f"] += 1e3 * ring.forward_exposed_s
-    out["t_b"] += 1e3 * ring.backward_exposed_s
-    if mode == "full":  # B re-runs the forward, its key/value gather included
-        out["t_b"] += 1e3 * ring.forward_exposed_s
+    merge_f, merge_b = ring_round_bytes(s=job.seq, b=job.mbs, h_q=card.hidden, h_kv=width,
+                                        cp=job.cp, tp=job.tp)  # fmt: skip
+    forward = 1e3 * ring.forward_exposed_s + hbm_ms(merge_f, hw)
+    out["t_f"] += forward
+    out["t_b"] += 1e3 * ring.backward_exposed_s + hbm_ms(merge_b, hw)
+    if mode == "full":  # B re-runs the forward, its key/value gather and merges included
+        out["t_b"] += forward
     out["transient"] += ring.backward_buffer_bytes
     return out
