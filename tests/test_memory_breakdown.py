@@ -29,7 +29,13 @@ T1 = dict(model="llama3-8b", hardware="h100-96gb-500w", gpus=8, global_batch=16,
           dp_shard=8, mbs=2, ac="selective_op")  # fmt: skip
 
 
-@pytest.mark.parametrize("kwargs", [T1, {**T5, "schedule": "1F1B"},
+T2_CP8 = dict(model="llama3-8b", hardware="h100-96gb-500w", gpus=8, global_batch=1,
+              seq=262144, cp=8, dp_shard=1, mbs=1, ac="full", fp8=True, compile=True)  # fmt: skip
+T4 = dict(model="llama3-70b", hardware="h100-96gb-500w", gpus=256, global_batch=512, seq=8192,
+          tp=8, dp_shard=32, mbs=16, ac="full", fp8=True, compile=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("kwargs", [T1, T2_CP8, T4, {**T5, "schedule": "1F1B"},
                                     {**T5, "schedule": "Interleaved1F1B"}])  # fmt: skip
 def test_breakdown_adds_up_to_the_peak(kwargs: dict) -> None:
     got = predict(**kwargs)
