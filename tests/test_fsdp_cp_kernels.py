@@ -67,18 +67,36 @@ def test_ring_attention_bytes_and_overlap() -> None:
     assert block == 2 * 2 * 32768 * 1024
     quick = ring_attention(s=65536, b=1, h_kv=1024, cp=2, attention_f_s=1.0,
                            attention_b_s=2.0, link_gbs=450.0)  # fmt: skip
-    assert quick.forward_bytes == block and quick.backward_bytes == 2 * block
-    assert quick.forward_exposed_s == quick.backward_exposed_s == 0.0
+    # F gathers the other shard; B gathers it again and passes the fp32 gradients twice
+    assert quick.forward_bytes == block and quick.backward_bytes == block + 2 * 2 * block
+    assert quick.forward_exposed_s == 0.0
+    # the last gradient hop, after the loop, is waited at once
+    assert quick.backward_exposed_s == pytest.approx(2 * block / 450e9)
     slow = ring_attention(s=65536, b=1, h_kv=1024, cp=4, attention_f_s=0.0, attention_b_s=0.0,
                           link_gbs=1.0, rotate="alltoall")  # fmt: skip
     step = kv_block_bytes(s=65536, b=1, h_kv=1024, cp=4) / 1e9
     assert slow.forward_exposed_s == pytest.approx(3 * step)
-    assert slow.backward_exposed_s == pytest.approx(6 * step)
+    assert slow.backward_exposed_s == pytest.approx(3 * step + 4 * 2 * step)
     none = ring_attention(s=8192, b=1, h_kv=1024, cp=1, attention_f_s=1.0, attention_b_s=1.0,
                           link_gbs=1.0)  # fmt: skip
     assert none.forward_bytes == 0.0
     with pytest.raises(ProblemError, match="cp"):
         kv_block_bytes(s=1000, b=1, h_kv=8, cp=3)
+
+
+def test_compiled_ring_hides_nothing_and_buffers_are_counted() -> None:
+    # torch.compile traces the ring: every collective is waited when issued
+    kw = {"s": 65536, "b": 1, "h_kv": 4096, "cp": 4, "link_gbs": 100.0, "latency_us": 10.0}
+    ring = ring_attention(**kw, attention_f_s=10.0, attention_b_s=20.0, serialized=True)
+    block = 2 * 2 * 16384 * 4096
+    hop, grad_hop = 10e-6 + block / 100e9, 10e-6 + 2 * block / 100e9
+    assert ring.forward_exposed_s == pytest.approx(3 * hop)
+    assert ring.backward_exposed_s == pytest.approx(3 * hop + 4 * grad_hop)
+    # gathered shards (cp blocks), the fp32 query gradient, three fp32 key/value gradients
+    query = 16384 * 4096
+    assert ring.backward_buffer_bytes == pytest.approx(4 * block + 4 * query + 3 * 2 * block)
+    eager = ring_attention(**kw, attention_f_s=10.0, attention_b_s=20.0)
+    assert eager.forward_exposed_s == 0.0 and eager.backward_exposed_s == pytest.approx(grad_hop)
 
 
 def test_gemm_time_splits_between_bf16_and_fp8() -> None:
@@ -105,3 +123,36 @@ def test_tp_collectives_and_async_overlap() -> None:
     assert tp_exposed_s(1.0, 5.0, tp=8, async_tp=True) == pytest.approx(1 / 8)
     assert tp_exposed_s(2.0, 1.0, tp=8, async_tp=True) == pytest.approx(2 / 8 + 7 / 8)
     assert tp_exposed_s(2.0, 1.0, tp=1, async_tp=True) == 0.0
+
+
+def test_ring_round_bytes_closed_form() -> None:
+    from pp_opt.profiler.context_parallel import (
+        ACCUMULATE_BYTES,
+        CAT_BYTES,
+        FLASH_BWD_CALL_BYTES,
+        MERGE_BYTES,
+        SEND_BYTES,
+        ring_round_bytes,
+    )
+
+    assert ring_round_bytes(s=8192, b=1, h_q=4096, h_kv=4096, cp=1) == (0.0, 0.0)
+    fwd, bwd = ring_round_bytes(s=65536, b=2, h_q=4096, h_kv=1024, cp=4, tp=2)
+    q = 2 * 16384 * 4096 / 2
+    kv = 2 * 2 * 16384 * 1024 / 2
+    assert fwd == pytest.approx(3 * q * (MERGE_BYTES + CAT_BYTES / 2))
+    per_round = q * (FLASH_BWD_CALL_BYTES + ACCUMULATE_BYTES + CAT_BYTES / 2) + kv * (
+        ACCUMULATE_BYTES + SEND_BYTES + CAT_BYTES / 2
+    )
+    assert bwd == pytest.approx(4 * per_round)
+
+
+def test_permute_rate_carries_the_gradient_hops() -> None:
+    kw = {"s": 65536, "b": 1, "h_kv": 4096, "cp": 4, "link_gbs": 100.0}
+    ring = ring_attention(**kw, attention_f_s=0.0, attention_b_s=0.0, serialized=True,
+                          permute_gbs=50.0)  # fmt: skip
+    block = 2 * 2 * 16384 * 4096
+    assert ring.forward_exposed_s == pytest.approx(3 * block / 100e9)
+    assert ring.backward_exposed_s == pytest.approx(3 * block / 100e9 + 4 * 2 * block / 50e9)
+    ring = ring_attention(**kw, attention_f_s=0.0, attention_b_s=0.0, serialized=True,
+                          permute_gbs=50.0, rotate="alltoall")  # fmt: skip
+    assert ring.forward_exposed_s == pytest.approx(3 * block / 50e9)

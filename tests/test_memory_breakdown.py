@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from pp_opt.planner.predict import predict
-from pp_opt.profiler.cards import load_hardware_card
-from pp_opt.profiler.memory_breakdown import TERMS, breakdown_table, largest_term
+from pp_opt.planner.predict import predict, prediction_job
+from pp_opt.profiler.analytic import (
+    stage_costs,
+    stage_transients,
+    static_memory_terms,
+    unit_costs,
+)
+from pp_opt.profiler.cards import load_hardware_card, load_model_card
+from pp_opt.profiler.memory_breakdown import (
+    TERMS,
+    allocator_static_bytes,
+    breakdown_table,
+    cached_layer_bytes,
+    largest_term,
+)
 
 T5 = dict(model="llama3.1-405b", hardware="h100-96gb-500w", gpus=512, global_batch=256,
           seq=8192, tp=8, pp=8, dp_shard=8, mbs=4, ac="full", fp8=True, compile=True,
@@ -15,7 +29,13 @@ T1 = dict(model="llama3-8b", hardware="h100-96gb-500w", gpus=8, global_batch=16,
           dp_shard=8, mbs=2, ac="selective_op")  # fmt: skip
 
 
-@pytest.mark.parametrize("kwargs", [T1, {**T5, "schedule": "1F1B"},
+T2_CP8 = dict(model="llama3-8b", hardware="h100-96gb-500w", gpus=8, global_batch=1,
+              seq=262144, cp=8, dp_shard=1, mbs=1, ac="full", fp8=True, compile=True)  # fmt: skip
+T4 = dict(model="llama3-70b", hardware="h100-96gb-500w", gpus=256, global_batch=512, seq=8192,
+          tp=8, dp_shard=32, mbs=16, ac="full", fp8=True, compile=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("kwargs", [T1, T2_CP8, T4, {**T5, "schedule": "1F1B"},
                                     {**T5, "schedule": "Interleaved1F1B"}])  # fmt: skip
 def test_breakdown_adds_up_to_the_peak(kwargs: dict) -> None:
     got = predict(**kwargs)
@@ -44,12 +64,31 @@ def test_the_terms_the_issue_names_apply() -> None:
 
 def test_no_multiplier_on_the_total() -> None:
     """Without a pipeline the reserved peak is the allocated one plus FSDP's cached
-    all-gather buffers; the card has no total multiplier any more."""
+    all-gather buffers and, when the loss holds the peak, the last layer's cached working
+    set; the card has no total multiplier any more."""
     hw = load_hardware_card("h100-96gb-500w")
     assert not hasattr(hw, "memory_overhead")
     rank = predict(**T1).memory_breakdown[0]
     assert rank["reserved"] - rank["allocated"] == pytest.approx(rank["allocator"])
-    assert rank["allocator"] < 0.05 * rank["reserved"]
+    assert rank["loss"] > 0 and rank["recompute_buffer"] == 0
+    assert rank["allocator"] < 0.06 * rank["reserved"]
+
+
+def test_the_loss_peak_keeps_the_last_layers_blocks_cached() -> None:
+    """Closed form: without a pipeline, a loss-held peak reserves the layer transient (the
+    blocks the last checkpointed layer freed) on top of FSDP's gather buffers."""
+    card, hw = load_model_card("llama3-70b"), load_hardware_card("h100-96gb-500w")
+    job = prediction_job(card, gpus=256, global_batch=512, seq=8192, schedule="1F1B", tp=8,
+                         dp_shard=32, mbs=16, ac="full", fp8=True, compile=True)  # fmt: skip
+    units = unit_costs(card, hw, job)
+    ((layer, loss),) = stage_transients(units, job)
+    assert loss > layer > 0
+    stages = stage_costs(card, hw, job)
+    terms = static_memory_terms(card, stages, job, hw)[0]
+    gathers = allocator_static_bytes(card, job, stages, 0)
+    assert terms["allocator"] == pytest.approx(gathers + layer)
+    assert cached_layer_bytes(job, layer) == layer
+    assert cached_layer_bytes(replace(job, pp=2, layers=(40, 40)), layer) == 0.0
 
 
 def test_context_parallel_shards_the_state() -> None:

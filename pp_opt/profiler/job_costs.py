@@ -22,7 +22,7 @@ from pp_opt.job import Job
 from pp_opt.profiler.cards import HardwareCard, ModelCard
 from pp_opt.profiler.checkpointing import layer_checkpoint_cost
 from pp_opt.profiler.comm import fp8_gemm_ms, gemm_ms, hbm_ms, node_link
-from pp_opt.profiler.context_parallel import ring_attention
+from pp_opt.profiler.context_parallel import ring_attention, ring_round_bytes
 from pp_opt.profiler.formulas import (
     LayerShape,
     attention_core_flops,
@@ -36,6 +36,7 @@ from pp_opt.profiler.kernels import (
     tp_collective_bytes,
     tp_exposed_s,
 )
+from pp_opt.profiler.stacks import load_stack_card
 
 FORMULA_MODES = ("none", "selective")
 """Checkpointing modes :mod:`formulas` counts itself; the others start from ``none``."""
@@ -92,7 +93,7 @@ def layer_unit(
         else:
             t_b += gemm_time_ms(cost.recompute_flops, 0.0, hw, fp8=job.fp8) + scale * elem_f
     unit = {"t_f": t_f, "t_b": t_b, "t_w": t_w, "m_b": m_b, "m_w": m_w, "transient": transient}
-    return context_parallel_unit(unit, card, hw, job, shape)
+    return context_parallel_unit(unit, card, hw, job, shape, mode=mode)
 
 
 def gathered_inputs_bytes(shape: LayerShape) -> float:
@@ -105,8 +106,9 @@ def gathered_inputs_bytes(shape: LayerShape) -> float:
 
 
 def context_parallel_unit(
-    unit: dict[str, float], card: ModelCard, hw: HardwareCard, job: Job, shape: LayerShape
-) -> dict[str, float]:
+    unit: dict[str, float], card: ModelCard, hw: HardwareCard, job: Job, shape: LayerShape,
+    *, mode: str = "none",
+) -> dict[str, float]:  # fmt: skip
     """``unit`` (full sequence) as one of ``cp`` GPUs runs it: ``1 / cp`` of every cost, plus
     ring attention's exposed key/value exchange and its gathered key/value buffer."""
     if job.cp == 1:
@@ -114,12 +116,22 @@ def context_parallel_unit(
     out = {key: value / job.cp for key, value in unit.items()}
     core = attention_core_flops(shape)
     gbs, latency = node_link(hw, spans_nodes=job.cp * job.tp > hw.gpus_per_node)
+    stack = load_stack_card(job.stack)
+    width = card.hidden if stack.cp_kv_width == "query" else card.kv_hidden
     ring = ring_attention(
-        s=job.seq, b=job.mbs, h_kv=card.kv_hidden, cp=job.cp, tp=job.tp,
+        s=job.seq, b=job.mbs, h_kv=width, h_q=card.hidden, cp=job.cp, tp=job.tp,
         dtype_bytes=card.dtype_bytes, attention_f_s=gemm_ms(core, hw) / 1e3 / job.cp,
-        attention_b_s=gemm_ms(2 * core, hw) / 1e3 / job.cp, link_gbs=gbs, latency_us=latency,
+        attention_b_s=gemm_ms(2 * core, hw) / 1e3 / job.cp,
+        link_gbs=gbs * stack.allgather_efficiency, latency_us=latency,
+        permute_gbs=gbs * stack.alltoall_efficiency, grad_dtype_bytes=stack.cp_grad_bytes,
+        serialized=job.compile and stack.cp_serialized_when_compiled,
     )  # fmt: skip
-    out["t_f"] += 1e3 * ring.forward_exposed_s
-    out["t_b"] += 1e3 * ring.backward_exposed_s
-    out["transient"] += ring.kv_block_bytes * job.cp
+    merge_f, merge_b = ring_round_bytes(s=job.seq, b=job.mbs, h_q=card.hidden, h_kv=width,
+                                        cp=job.cp, tp=job.tp)  # fmt: skip
+    forward = 1e3 * ring.forward_exposed_s + hbm_ms(merge_f, hw)
+    out["t_f"] += forward
+    out["t_b"] += 1e3 * ring.backward_exposed_s + hbm_ms(merge_b, hw)
+    if mode == "full":  # B re-runs the forward, its key/value gather and merges included
+        out["t_b"] += forward
+    out["transient"] += ring.backward_buffer_bytes
     return out

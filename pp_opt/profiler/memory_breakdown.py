@@ -28,7 +28,9 @@ the terms of a rank add up to its reported peak:
   block and the fp32 copy its reduce-scatter reads (``foreach_reduce``'s copy-in), when a
   layer's backward is the device's largest transient;
 * ``allocator``: reserved over allocated bytes, :func:`allocator_static_bytes` (the FSDP
-  all-gather stream's cached buffers) plus, under a pipeline, the card's fitted
+  all-gather stream's cached buffers), without a pipeline and when the loss holds the peak
+  the last layer's cached working set (:func:`cached_layer_bytes`), and, under a pipeline,
+  the card's fitted
   ``pipeline_fragmentation`` of the bytes that come and go within the step.
 
 ``allocated`` is the sum of all terms but ``allocator``; ``reserved`` the sum of all (what
@@ -128,17 +130,32 @@ def static_terms(
         recompute = max((r for r, _ in on), default=0.0)
         loss = max((lo for _, lo in on), default=0.0)
         grads = layer_grad_buffer_bytes(card, job) if on else 0.0
+        mine["allocator"] = allocator_static_bytes(card, job, stages, d)
         if recompute + grads >= loss:
             mine["recompute_buffer"], mine["layer_grad_buffers"] = recompute, grads
         else:
             mine["loss"] = loss
-        mine["allocator"] = allocator_static_bytes(card, job, stages, d)
+            mine["allocator"] += cached_layer_bytes(job, recompute)
     if fsdp_on(job) and not holds_unsharded(job):  # prefetch one block ahead
         root = (embedding_params(card) + head_params(card)) / job.tp
         terms[0]["fsdp_unsharded_params"] += unsharded_bytes(
             FSDP_GATHERS_IN_FLIGHT * block_params(card, job) + root, with_grads=False
         )
     return terms
+
+
+def cached_layer_bytes(job: Job, layer_transient: float) -> float:
+    """Reserved, not allocated, when the loss holds the peak: the last layer's working set.
+
+    A checkpointed layer's forward allocates what its backward will re-run (the transient
+    :func:`stage_transients` counts) and frees it at the layer's end; PyTorch's caching
+    allocator keeps those blocks in their segments (``torch.cuda.memory_reserved``: freed
+    blocks stay cached, a block is split inside its segment but never merged across
+    segments). The loss that follows allocates the fp32 logits and their gradients, each
+    larger than any of those blocks, in new segments, so the layer's cached blocks sit
+    beside the loss's peak. Without a pipeline only: a pipelined step's reserve is the
+    card's ``pipeline_fragmentation``, which already carries it on its fit row."""
+    return layer_transient if job.pp == 1 else 0.0
 
 
 def holds_unsharded(job: Job) -> bool:

@@ -70,6 +70,14 @@ class StackCard:
     ac_modes: tuple[str, ...] = ("none", "selective_op", "full")
     """The activation checkpointing modes it runs, which a plan searches when ``ac`` is not
     pinned (torchtitan 0.3.0: none, ``SelectiveAC``'s op policy and ``FullAC``)."""
+    cp_kv_width: str = "kv"
+    """What context parallelism's ring passes around: ``kv`` the key/value heads, ``query``
+    the query heads (torchtitan: torch's ring gets SDPA's inputs after ``repeat_kv``)."""
+    cp_grad_bytes: float = 4.0
+    """Bytes per element of the key/value gradients the ring passes (torch: fp32)."""
+    cp_serialized_when_compiled: bool = False
+    """Under torch.compile the ring's collectives are waited as soon as issued (torch's
+    functional collectives when traced), so none hides behind attention."""
     note: str = ""
     """What the release does not do yet (printed with a plan for this stack)."""
 
@@ -86,7 +94,9 @@ class StackCard:
             raise ProblemError("stack.optimizer", "use fsdp or distributed")
         if self.memory_report not in ("reserved", "allocated"):
             raise ProblemError("stack.memory_report", "use reserved or allocated")
-        for key in ("overlaps_pairs", "fsdp_holds_unsharded"):
+        if self.cp_kv_width not in ("kv", "query"):
+            raise ProblemError("stack.cp_kv_width", "use kv or query")
+        for key in ("overlaps_pairs", "fsdp_holds_unsharded", "cp_serialized_when_compiled"):
             if not isinstance(getattr(self, key), bool):
                 raise ProblemError(f"stack.{key}", "expected true or false")
         self._check_ac_modes()
