@@ -145,3 +145,24 @@ def test_a_pytorch_schedule_gets_torchtitans_stages_per_rank_and_split() -> None
         with pytest.raises(ProblemError) as err:
             _pinned(schedule, placement)
         assert err.value.field == "schedule" and "placement" in str(err.value)
+
+
+def test_solve_from_cards_takes_the_job_fields_and_refuses_them_with_a_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``solve --model`` profiles the job ``profile`` would (its stack, experts, overlap)."""
+    base = ["solve", "--model", "deepseek-v3-debug", "--hardware", "h100-80gb", "--pp", "2",
+            "--microbatches", "4", "--seq", "4096", "--time-limit", "2", "--quiet"]  # fmt: skip
+    outputs = {}
+    experts = ["--stack", "megatron-core", "--ep", "2", "--dp-replicate", "2", "--overlap"]
+    for name, extra in (("plain", []), ("experts", experts)):
+        out = tmp_path / f"{name}.json"
+        code, _, err = run([*base, *extra, "-o", str(out)], capsys)
+        assert code == 0, err
+        outputs[name] = json.loads(out.read_text())["problem"]
+    assert outputs["experts"]["stages"] != outputs["plain"]["stages"]
+    assert outputs["experts"].get("pairs") and not outputs["plain"].get("pairs")
+    problem = tmp_path / "p.json"
+    problem.write_text(json.dumps(outputs["plain"]))
+    code, _, err = run(["solve", str(problem), "--stack", "megatron-core", "--quiet"], capsys)
+    assert code != 0 and "stack" in err and "--model" in err and "\n" not in err.strip()

@@ -23,6 +23,7 @@ from pp_opt.cli.common import (
     chunks_per_device,
     layers_per_stage,
 )
+from pp_opt.cli.job_options import JOB_FIELDS, with_job_options
 from pp_opt.cli.output import say
 from pp_opt.cli.stopping import run_token, stop_reason
 from pp_opt.errors import Interrupted, OutputError, PPOptError, ProblemError, TimeLimitError
@@ -70,6 +71,10 @@ def _load(
     if problem_path is not None:
         if profile["model"] is not None or profile["hardware"] is not None:
             raise ProblemError("PROBLEM", "give a problem file or --model/--hardware, not both")
+        if profile[JOB_FIELDS]:
+            name = next(iter(profile[JOB_FIELDS]))
+            raise ProblemError(name, f"--{name.replace('_', '-')} describes a job: give it "
+                               "with --model/--hardware, not with a problem file")  # fmt: skip
         return problem_with_overrides(
             problem_path, cap=cap, placement=placement, v=v,
             objective=objective, offload=offload, recompute=recompute,
@@ -88,13 +93,14 @@ def _load(
         v=v or (2 if target == "v" else 1),
         placement=target, microbatches=profile["microbatches"], mbs=profile["mbs"],
         seq=profile["seq"], tp=profile["tp"], layers=profile["layers"],
-        measure=profile["measure"],
+        measure=profile["measure"], **profile[JOB_FIELDS],
     )  # fmt: skip
     return apply_overrides(
         problem, cap=cap, objective=objective, offload=offload, recompute=recompute
     )
 
 
+@with_job_options("profile", skip=("pp", "microbatches", "tp", "v", "placement", "mbs", "layers"))
 def solve(
     problem_path: Path | None = typer.Argument(
         None, metavar="[PROBLEM]", help="Problem TOML or JSON (or use --model/--hardware)."
@@ -122,6 +128,7 @@ def solve(
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree."),
     layers: str | None = LayersOption,
     measure: bool = typer.Option(False, "--measure", help="Measure costs with PyTorch."),
+    job_fields: dict[str, Any] | None = None,
 ) -> None:
     """Find the best schedule under the memory caps (never worse than a classic one).
 
@@ -134,7 +141,7 @@ def solve(
         check_writable(output)
     profile = dict(model=model, hardware=hardware, pp=pp, microbatches=microbatches,
                    mbs=mbs, seq=seq, tp=tp, layers=layers_per_stage(layers),
-                   measure=measure)  # fmt: skip
+                   measure=measure, job_fields=dict(job_fields or {}))  # fmt: skip
     chunks_v = chunks_per_device(v, chunks=chunks, vpp=vpp)
     problem = _load(problem_path, profile=profile, cap=cap, placement=placement, v=chunks_v,
                     objective=objective, offload=offload, recompute=recompute)  # fmt: skip
