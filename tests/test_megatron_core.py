@@ -18,6 +18,7 @@ core = pytest.importorskip("megatron.core", reason="pip install megatron-core==0
 CONFIGS: list[dict[str, Any]] = [
     dict(tp=2, pp=4, v=1, layers=[8, 8, 8, 8], recompute=True),
     dict(tp=1, pp=4, v=2, layers=[4] * 8, recompute=False),
+    dict(tp=2, pp=2, v=1, layers=[16, 16], recompute=False, cp=2),
     dict(tp=1, pp=4, v=1, layers=[9, 8, 8, 7], recompute=False),
     dict(tp=1, pp=4, v=1, layers=[8, 9, 7, 8], recompute=False),
     dict(tp=1, pp=4, v=1, layers=[8] * 4, recompute=False, full_layers=(3,) * 4),
@@ -48,7 +49,7 @@ def _printed() -> set[str]:
 
 
 def _job(c: dict[str, Any]) -> Job:
-    extra = {k: c[k] for k in ("dp", "ep", "etp", "dispatcher", "overlap") if k in c}
+    extra = {k: c[k] for k in ("dp", "cp", "ep", "etp", "dispatcher", "overlap") if k in c}
     return Job(pp=c["pp"], v=c["v"], tp=c["tp"], layers=tuple(c["layers"]), mbs=1,
                microbatches=16, seq=4096, full_layers=c.get("full_layers", ()),
                ac=c.get("ac", "none"), **extra)  # fmt: skip
@@ -140,3 +141,18 @@ def test_printed_expert_flags_pass_megatron_core_checks() -> None:
         "--overlap-moe-expert-parallel-comm" in overlapped and "--delay-wgrad-compute" in overlapped
     )
     assert "--overlap-moe-expert-parallel-comm" not in printed
+
+
+def test_printed_context_parallel_flags_pass_megatron_core_checks() -> None:
+    """A context-parallel job prints Megatron-Core's CP degree and its default ring (p2p),
+    which ``TransformerConfig`` accepts; a job without CP prints neither."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    c = next(c for c in CONFIGS if c.get("cp"))
+    printed = megatron_flags(_job(c), n_layers=sum(c["layers"]))
+    at = {f: printed[i + 1] for i, f in enumerate(printed) if f.startswith("--")}
+    assert at["--context-parallel-size"] == "2" and at["--cp-comm-type"] == "p2p"
+    config = TransformerConfig(num_layers=32, hidden_size=256, num_attention_heads=8,
+                               context_parallel_size=2, cp_comm_type="p2p")  # fmt: skip
+    assert config.context_parallel_size == 2
+    assert "--context-parallel-size" not in megatron_flags(_job(CONFIGS[0]), n_layers=32)

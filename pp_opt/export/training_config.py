@@ -166,6 +166,8 @@ def megatron_flags(job: Job, *, n_layers: int | None = None, recompute: bool = F
     flags = [
         "--tensor-model-parallel-size", str(job.tp),
         "--pipeline-model-parallel-size", str(job.pp),
+        *(["--context-parallel-size", str(job.cp), "--cp-comm-type", "p2p"] if job.cp > 1
+          else []),
         "--num-layers", str(sum(counts)),
         *_split_flags(counts, pp=job.pp, v=job.v),
         "--micro-batch-size", str(job.mbs),
