@@ -234,10 +234,13 @@ def pair_time(problem: Problem, stage: int, stage_b: int, backward: OpKind) -> f
     ``stage_b``, on one device (docs/design.md §3); the one place that says so.
 
     Each half is compute plus communication (``t_f_comm``, ``t_b_comm``); run together,
-    each half's communication hides under the other's compute. With ``Fc, Fm`` the
-    forward's compute and communication and ``Bc, Bm`` the backward's::
+    each half's communication hides under the other's compute, which runs slower by
+    ``pair_overhead`` while it has the communication beside it (the SMs the dispatch
+    kernels hold). With ``Fc, Fm`` the forward's compute and communication and ``Bc, Bm``
+    the backward's::
 
-        t = (Fc + Bc) * (1 + pair_overhead) + max(0, Fm - Bc) + max(0, Bm - Fc)
+        t = Fc + Bc + max(0, Fm - Bc) + max(0, Bm - Fc)
+              + pair_overhead * (min(Fm, Bc) + min(Bm, Fc))
 
     at most the two halves in sequence and at least the longer half's compute. Without
     communication a pair saves nothing.
@@ -248,11 +251,13 @@ def pair_time(problem: Problem, stage: int, stage_b: int, backward: OpKind) -> f
     back = b.t_b if backward is OpKind.B else b.fused_backward
     f_comm, b_comm = f.t_f_comm, min(b.t_b_comm, back)
     f_compute, b_compute = f.t_f - f_comm, back - b_comm
+    hidden = min(f_comm, b_compute) + min(b_comm, f_compute)
     overlapped = (
-        (f_compute + b_compute) * (1.0 + problem.pair_overhead)
+        f_compute + b_compute
         + max(0.0, f_comm - b_compute)
         + max(0.0, b_comm - f_compute)
-    )
+        + problem.pair_overhead * hidden
+    )  # fmt: skip
     return max(min(overlapped, f.t_f + back), f_compute, b_compute)
 
 

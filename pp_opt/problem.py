@@ -141,8 +141,8 @@ class Problem:
     backward of another on the same device (docs/design.md §3), hiding each one's
     communication (``t_f_comm``, ``t_b_comm``) under the other's compute."""
     pair_overhead: float = 0.0
-    """Fraction added to the compute of an overlapped pair for sharing the GPU
-    (:func:`pp_opt.ops.pair_time`)."""
+    """Fraction by which an overlapped pair's compute runs slower while the other half's
+    communication runs beside it (:func:`pp_opt.ops.pair_time`)."""
     objective: str = "makespan"
     """``makespan`` (synchronous optimizer step) or ``span`` (max per-device span)."""
     unit: str = "m_b"

@@ -65,8 +65,31 @@ def test_expert_state_shards_over_the_expert_data_parallel_ranks() -> None:
     many = pp_opt.profile_job(Job(dp=64, **common), model="qwen3-30b-a3b", hardware=HW)
     assert few.stages[0].expert_params == many.stages[0].expert_params > 0
     assert many.static[0] < few.static[0]
-    # the all-to-all and TP collectives are the communication part of F
-    assert few.stages[0].t_f_comm > 0 and few.stages[0].t_f > few.stages[0].t_f_comm
+    # the all-to-all is the communication part of F where the GPU, not the host, sets the
+    # pace (four sequences a microbatch); one sequence's layers are host-bound: none to hide
+    wide = pp_opt.profile_job(Job(dp=8, **{**common, "mbs": 4}), model="qwen3-30b-a3b",
+                              hardware=HW)  # fmt: skip
+    assert wide.stages[0].t_f_comm > 0 and wide.stages[0].t_f > wide.stages[0].t_f_comm
+    assert few.stages[0].t_f_comm == 0
+
+
+@pytest.mark.parametrize(
+    ("t_f", "t_b", "t_w", "a2a", "host", "expected"),
+    [
+        (5.0, 6.0, 2.0, 1.0, 0.0, (5.0, 6.0, 1.0, 1.0)),  # no host time: as the GPU runs
+        (5.0, 6.0, 2.0, 1.0, 3.0, (5.0, 6.0, 1.0, 1.0)),  # host quicker than the compute
+        (5.0, 6.0, 2.0, 3.0, 3.0, (5.0, 6.0, 2.0, 2.0)),  # F: 5 - max(3, 2); BW: 8 - max(6, 5)
+        (2.0, 3.0, 1.0, 1.0, 3.0, (3.0, 5.0, 0.0, 0.0)),  # host-bound: 3 and 2 x 3 - t_w
+    ],
+)
+def test_a_host_bound_layer_lasts_its_host_time_and_hides_no_communication(
+    t_f, t_b, t_w, a2a, host, expected
+) -> None:
+    """``host_bound``: a pass lasts ``max(gpu, host)`` (backward ``2 host``, with ``t_w``); a
+    pair hides ``max(host, gpu) - max(host, gpu - a2a)`` of it."""
+    from pp_opt.profiler.moe import host_bound
+
+    assert host_bound(t_f, t_b, t_w, a2a, host) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(
@@ -116,8 +139,9 @@ def test_model_flops_count_the_routed_experts_a_token_runs() -> None:
 
 def test_an_overlapping_job_profiles_a_problem_with_pairs() -> None:
     """``overlap`` gives the problem its pairs and the stack's overhead; each stage's all-to-all
-    is what a pair may hide, and nothing where the stack runs a pair's halves in sequence."""
-    common = dict(pp=4, placement="v", microbatches=8, seq=4096, dp=8, ep=8, overlap=True)
+    is what a pair may hide (four sequences a microbatch: the GPU, not the host, sets the
+    pace), and nothing where the stack runs a pair's halves in sequence."""
+    common = dict(pp=4, placement="v", microbatches=8, seq=4096, mbs=4, dp=8, ep=8, overlap=True)
     mega = pp_opt.problem_from_profile(pp_opt.profile_job(
         Job(stack="megatron-core", **common), model="qwen3-30b-a3b", hardware=HW))  # fmt: skip
     titan = pp_opt.problem_from_profile(pp_opt.profile_job(
@@ -133,11 +157,12 @@ def test_an_overlapping_job_profiles_a_problem_with_pairs() -> None:
 
 def test_a_named_schedule_overlaps_its_pairs_where_the_run_does() -> None:
     """predict --overlap runs DualPipeV's OVERLAP_F_B actions and Megatron-Core's interleaved
-    1F1B with its A2A overlap: faster on a stack that overlaps, the same on torchtitan 0.3.0."""
+    1F1B with its A2A overlap: faster on a stack that overlaps, the same on torchtitan 0.3.0
+    (four sequences a microbatch, so that the GPU and not the host sets the pace)."""
     from pp_opt.planner.predict import predict
 
-    args = dict(model="qwen3-30b-a3b", hardware=HW, gpus=32, global_batch=64, seq=4096, pp=4,
-                ep=8, dp_replicate=8, schedule="DualPipeV", placement="v",
+    args = dict(model="qwen3-30b-a3b", hardware=HW, gpus=32, global_batch=256, seq=4096, pp=4,
+                ep=8, dp_replicate=8, mbs=4, ac="full", schedule="DualPipeV", placement="v",
                 time_limit=5)  # fmt: skip
     for stack, faster in (("megatron-core", True), ("torchtitan", False)):
         apart = predict(stack=stack, **args)  # type: ignore[arg-type]

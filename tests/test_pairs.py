@@ -56,7 +56,7 @@ def two_stages(**kw: float) -> Problem:
         (0.0, 0.0, 0.5, B, 10.0),  # overhead alone: never above the sequence
         (2.0, 2.0, 0.0, B, 6.0),  # Fc 2 + Bc 4; Fm 2 hides under Bc, Bm 2 under Fc
         (2.0, 3.0, 0.0, B, 6.0),  # Fc 2 + Bc 3, and Bm 3 shows 1 past Fc 2
-        (2.0, 3.0, 0.1, B, 6.5),  # (2 + 3) * 1.1 + 1
+        (2.0, 3.0, 0.1, B, 6.4),  # 2 + 3 + 1, and 0.1 of the 4 hidden (2 + 2)
         (3.0, 1.0, 0.0, B, 6.0),  # Fc 1 + Bc 5; Fm 3 hides under Bc 5
         (4.0, 0.0, 0.0, B, 6.0),  # all of F is comm: hidden under B's 6 of compute
         (4.0, 6.0, 0.0, B, 10.0),  # all comm: 0 + max(0, 4 - 0) + max(0, 6 - 0)
@@ -70,7 +70,7 @@ def test_pair_time_closed_forms(f_comm, b_comm, overhead, backward, expected):
 
 def test_pair_time_is_clamped_between_the_longer_compute_and_the_sequence():
     problem = two_stages(t_f_comm=1.0, t_b_comm=1.0).replace(pair_overhead=5.0)
-    assert pair_time(problem, 0, 1, B) == pytest.approx(10.0)  # (3 + 5) * 6 > 4 + 6
+    assert pair_time(problem, 0, 1, B) == pytest.approx(10.0)  # 3 + 5 + 5 * 2 > 4 + 6
     low = two_stages(t_f_comm=0.5, t_b_comm=0.5)
     for backward in (B, BW):
         t = pair_time(low, 0, 1, backward)

@@ -15,9 +15,14 @@ gets them back (combine); it computes ``T / tp x top_k`` copies' expert GEMMs wh
 ``etp`` is (``etp`` splits each expert's width and multiplies its tokens). The grouped GEMM
 runs slower with few tokens per expert (``n / (n + half)`` of the dense rate, the stack's
 ``grouped_gemm_half_tokens``). The dispatch and combine all-to-all move ``top_k`` copies of
-each token's hidden vector (FP8 dispatch with Float8 on DeepEP/HybridEP), on NVLink inside a
+each token's hidden vector (FP8 where the stack's DeepEP/HybridEP send FP8), on NVLink inside a
 node and RDMA beyond; DeepEP and HybridEP send a token once per remote node (node-limited
 routing caps those nodes), NCCL's all-to-all once per remote copy.
+
+Every MoE layer's forward waits on the GPU for its token counts (the dispatchers' receive
+counts, the grouped GEMM's per-expert splits as a host list), so the host cannot run ahead
+there: a layer's pass lasts at least the time the host takes to launch it (the stack's
+``moe_host_ms``; :func:`host_bound`). Small fine-grained layers run eager are host-bound.
 """
 
 from __future__ import annotations
@@ -225,6 +230,8 @@ def layer_unit(card: ModelCard, hw: HardwareCard, job: Job, *, moe: bool) -> dic
     t_f = g_att + g_routed + g_core + elem + comm
     t_b = g_att + g_routed + 2 * g_core + 2 * elem + comm
     t_w = g_att + g_routed
+    t_f, t_b, f_comm, b_comm = host_bound(t_f, t_b, t_w, a2a,
+                                          stack.moe_host_ms if moe else 0.0)  # fmt: skip
     terms = activation_terms(card, lay, moe)
     m_b = sum(terms.values())
     e = 2.0
@@ -232,7 +239,7 @@ def layer_unit(card: ModelCard, hw: HardwareCard, job: Job, *, moe: bool) -> dic
     if moe:
         m_w += e * tok / t * card.top_k * lay.imbalance * (2 * h + 3 * routed)
     dense, experts = layer_params(card, moe)
-    unit = {"t_f": t_f, "t_b": t_b, "t_w": t_w, "t_f_comm": a2a, "t_b_comm": a2a,
+    unit = {"t_f": t_f, "t_b": t_b, "t_w": t_w, "t_f_comm": f_comm, "t_b_comm": b_comm,
             "m_b": m_b, "m_w": min(m_w, m_b), "transient": 0.0,
             "params": dense / t + experts / (lay.ep * lay.etp),
             "expert_params": experts / (lay.ep * lay.etp)}  # fmt: skip
@@ -245,9 +252,25 @@ def layer_unit(card: ModelCard, hw: HardwareCard, job: Job, *, moe: bool) -> dic
     })  # fmt: skip
 
 
+def host_bound(t_f: float, t_b: float, t_w: float, a2a: float, host: float
+               ) -> tuple[float, float, float, float]:  # fmt: skip
+    """``(t_f, t_b, t_f_comm, t_b_comm)`` of an MoE layer whose forward's host time is
+    ``host`` and backward's ``2 host``: each pass lasts at least its host time (the forward
+    waits on the GPU for its token counts, so the host cannot run ahead of it). The
+    communication a pair may hide is what the pass loses when its all-to-all runs under the
+    other half's compute: ``max(host, gpu) - max(host, gpu - a2a)``, the whole ``a2a`` when
+    the host is quicker than the GPU's compute, none when the pass is host-bound."""
+    if host <= 0:
+        return t_f, t_b, a2a, a2a
+    f = max(t_f, host)
+    bw = max(t_b + t_w, 2 * host)
+    return (f, bw - t_w, f - max(host, t_f - a2a), bw - max(2 * host, t_b + t_w - a2a))
+
+
 def _a2a_ms(card: ModelCard, hw: HardwareCard, lay: Layout, stack: StackCard) -> float:
-    """Dispatch and combine of one pass (F, or B's gradients)."""
-    fp8 = lay.fp8 and lay.dispatcher in ("deepep", "hybridep")
+    """Dispatch and combine of one pass (F, or B's gradients); the dispatch in FP8 where the
+    job runs FP8 and the stack's DeepEP/HybridEP send FP8 tokens."""
+    fp8 = lay.fp8 and stack.fp8_dispatch and lay.dispatcher in ("deepep", "hybridep")
     return dispatch_ms(card, hw, lay, stack, dtype_bytes=1.0 if fp8 else 2.0) + dispatch_ms(
         card, hw, lay, stack, dtype_bytes=2.0
     )

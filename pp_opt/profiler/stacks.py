@@ -45,6 +45,13 @@ class StackCard:
     """Fraction of the link bandwidth the all-gather dispatcher's collectives reach."""
     dispatch_latency_us: float = 30.0
     """Fixed cost of one dispatch or combine (kernel launch, synchronisation)."""
+    fp8_dispatch: bool = True
+    """Under ``fp8``, DeepEP and HybridEP dispatch FP8 tokens (else the bf16 hidden states go
+    on the wire and only the expert GEMMs quantize them)."""
+    moe_host_ms: float = 0.0
+    """Host (CPU) time to launch one MoE layer's forward (its backward: twice that). Every MoE
+    layer's forward waits on the GPU for its token counts (a device-to-host sync), so the
+    host cannot run ahead of the GPU there: a pass lasts at least its host time."""
     optimizer: str = "fsdp"
     """``fsdp``: the job's FSDP layout (``dp_shard``) shards the state; ``distributed``:
     Megatron-Core's distributed optimizer shards master weights and moments over the
@@ -96,7 +103,8 @@ class StackCard:
             raise ProblemError("stack.memory_report", "use reserved or allocated")
         if self.cp_kv_width not in ("kv", "query"):
             raise ProblemError("stack.cp_kv_width", "use kv or query")
-        for key in ("overlaps_pairs", "fsdp_holds_unsharded", "cp_serialized_when_compiled"):
+        for key in ("overlaps_pairs", "fsdp_holds_unsharded", "cp_serialized_when_compiled",
+                    "fp8_dispatch"):  # fmt: skip
             if not isinstance(getattr(self, key), bool):
                 raise ProblemError(f"stack.{key}", "expected true or false")
         self._check_ac_modes()
