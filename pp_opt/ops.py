@@ -276,11 +276,14 @@ def pair_relaxed(problem: Problem) -> Problem:
     (the only partners a pair can have), every pair of :func:`pair_time` lasts at least
     ``F' + B'`` with::
 
-        F' = min(t_f, Fc (1 + o) + max(0, Fm - Bc*))
-        B' = min(back, Bc (1 + o) + max(0, Bm - Fc*))
+        F' = min(t_f, Fc + shown(Fm, Bc*))
+        B' = min(back, Bc + shown(Bm, Fc*))
+        shown(m, c) = min(m, max(0, m - c) + o * min(m, c))
 
-    (``o`` the pair overhead): the overlapped time's terms each bound one half, and the
-    halves in sequence take ``t_f + back``. ``F' <= t_f`` and ``B' <= back`` hold alone.
+    (``o`` the pair overhead): a half's communication shows past its partner's compute
+    ``c`` or slows that compute while hidden under it, ``max(0, m - c) + o min(m, c)``,
+    which is piecewise linear in ``c`` and so least at ``c = 0`` or ``c = Bc*``; the pair's
+    time is the two halves' terms added, and the halves in sequence take ``t_f + back``.
     So running a pair's ``F`` and then its backward at these times inside the pair's
     interval turns any schedule with pairs into one of this problem that starts nothing
     later, frees nothing later and ends no later. The problem itself when nothing can be
@@ -288,7 +291,7 @@ def pair_relaxed(problem: Problem) -> Problem:
     """
     if not has_pair_savings(problem):
         return problem
-    grow = 1.0 + problem.pair_overhead
+    o = problem.pair_overhead
     f_compute = [st.t_f - st.t_f_comm for st in problem.stages]
     b_compute = [max(whole - min(st.t_b_comm, whole) for whole in (st.t_b, st.fused_backward))
                  for st in problem.stages]  # fmt: skip
@@ -298,13 +301,16 @@ def pair_relaxed(problem: Problem) -> Problem:
         f_most[st.device] = max(f_most.get(st.device, 0.0), fc)
         b_most[st.device] = max(b_most.get(st.device, 0.0), bc)
 
+    def shown(comm: float, partner: float) -> float:
+        return min(comm, max(0.0, comm - partner) + o * min(comm, partner))
+
     def back(whole: float, comm: float, device: int) -> float:
         comm = min(comm, whole)
-        return min(whole, (whole - comm) * grow + max(0.0, comm - f_most[device]))
+        return min(whole, whole - comm + shown(comm, f_most[device]))
 
     stages = []
     for st, fc in zip(problem.stages, f_compute, strict=True):
-        t_f = min(st.t_f, fc * grow + max(0.0, st.t_f_comm - b_most[st.device]))
+        t_f = min(st.t_f, fc + shown(st.t_f_comm, b_most[st.device]))
         t_b = back(st.t_b, st.t_b_comm, st.device)
         t_bw = back(st.fused_backward, st.t_b_comm, st.device)
         stages.append(replace(st, t_f=t_f, t_b=t_b, t_bw=t_bw, t_f_comm=0.0, t_b_comm=0.0))

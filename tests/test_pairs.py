@@ -4,6 +4,7 @@ every part that knows them (simulator, validator, metrics, bounds, JSON, trace, 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 
 import pytest
@@ -278,12 +279,33 @@ def test_pair_relaxation_keeps_the_communication_no_partner_can_hide():
         pair_overhead=0.1,
     )
     st = pair_relaxed(problem).stages[0]
-    assert st.t_f == pytest.approx(1 * 1.1 + (3 - 3))  # Fm 3 hides under BW's 3
-    assert st.t_b == pytest.approx(1 * 1.1 + (5 - 1))  # Bm 5 shows 4 past Fc 1
-    assert st.t_bw == pytest.approx(3 * 1.1 + (5 - 1))
+    assert st.t_f == pytest.approx(1 + 0.1 * 3)  # Fm 3 hides under BW's 3, slowing it
+    assert st.t_b == pytest.approx(1 + (5 - 1) + 0.1 * 1)  # Bm shows 4 past Fc 1
+    assert st.t_bw == pytest.approx(3 + (5 - 1) + 0.1 * 1)
     # every pair lasts at least its halves' relaxed times
     for backward, relaxed_back in ((B, st.t_b), (BW, st.t_bw)):
         assert pair_time(problem, 0, 1, backward) >= st.t_f + relaxed_back - 1e-12
+
+
+def test_every_pair_lasts_at_least_its_relaxed_halves_on_random_costs():
+    """pair_time(F(s), back(s2)) >= F'(s) + back'(s2) for every same-device pair, over random
+    times, communication shares and overheads (fixed seed)."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(300):
+        stages = tuple(
+            Stage(device=0, t_f=(tf := rng.uniform(0.5, 5)), t_b=(tb := rng.uniform(0.5, 8)),
+                  t_w=rng.uniform(0, 3), t_f_comm=rng.uniform(0, 1) * tf,
+                  t_b_comm=rng.uniform(0, 1) * tb,
+                  t_bw=rng.choice([None, rng.uniform(0.5, 10)]))
+            for _ in range(3)
+        )  # fmt: skip
+        problem = two_stages().replace(stages=stages, pair_overhead=rng.choice([0, 0.15, 0.5]))
+        relaxed = pair_relaxed(problem).stages
+        for s, s2 in itertools.product(range(3), repeat=2):
+            for backward, back in ((B, relaxed[s2].t_b), (BW, relaxed[s2].t_bw)):
+                assert pair_time(problem, s, s2, backward) >= relaxed[s].t_f + back - 1e-9
 
 
 @pytest.mark.parametrize("name", ["even", "uneven", "comm-heavy"])
