@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from pp_opt.errors import ProblemError
-from pp_opt.ops import OpKey, OpKind
+from pp_opt.ops import OpKey, OpKind, has_pair_savings
 from pp_opt.order import Order
 from pp_opt.orders.common import SPLIT, compute_order, one_chunk, require_split_backward
 from pp_opt.orders.patterns.classic import interleaved_1f1b
@@ -42,7 +42,11 @@ from pp_opt.problem import Problem
 
 def paired_order(order: Order, pairs: Mapping[OpKey, OpKey], name: str) -> Order:
     """``order`` with each ``F`` of ``pairs`` run together with its backward (taken out of
-    its place in the stream: the ``F``'s place holds the pair)."""
+    its place in the stream: the ``F``'s place holds the pair). With nothing to hide (no
+    communication in any op) a pair saves nothing and only ties its halves' starts, so the
+    order stays as it is, unpaired."""
+    if not has_pair_savings(order.problem):
+        pairs = {}
     backs = set(pairs.values())
     streams = {queue: [key for key in keys if key not in backs]
                for queue, keys in order.streams.items()}  # fmt: skip
