@@ -35,14 +35,16 @@ from pp_opt.bounds.memory import (
     memory_makespan,
     turn_makespan,
 )
+from pp_opt.bounds.pairs import PAIR_MAKESPAN_TERMS
 from pp_opt.bounds.paths import MAKESPAN_TERMS, SPAN_TERMS, Term, round_trip
 from pp_opt.errors import ProblemError
-from pp_opt.ops import pair_relaxed
+from pp_opt.ops import has_pair_savings, pair_relaxed
 from pp_opt.problem import OBJECTIVES, Problem
 
 __all__ = [
     "ENVELOPE_STEPS",
     "MAKESPAN_TERMS",
+    "PAIR_MAKESPAN_TERMS",
     "SPAN_TERMS",
     "Term",
     "admitted_limit",
@@ -126,10 +128,8 @@ def lower_bound(
     if objective not in OBJECTIVES:
         raise ProblemError("objective", f"unknown {objective!r}; use 'makespan' or 'span'")
     fractions = tuple(offload_fractions)
-    # Overlapped pairs may hide communication: bound the problem of ops at their pair share.
-    problem = pair_relaxed(problem)
     if problem.placement == "dual":
-        return _busiest_device(problem)
+        return _busiest_device(pair_relaxed(problem))
     bound = _variant_bound(problem, objective, fractions)
     if problem.split_backward:
         # A schedule may run the fused backward even so (the classic baselines do), and a
@@ -153,11 +153,17 @@ def _busiest_device(problem: Problem) -> float:
 
 
 def _variant_bound(problem: Problem, objective: str, fractions: tuple[float, ...]) -> float:
-    """The largest term for schedules of ``problem.split_backward``'s variant."""
+    """The largest term for schedules of ``problem.split_backward``'s variant: the terms of
+    the problem at its ops' pair shares (:func:`pp_opt.ops.pair_relaxed`: overlapped pairs
+    may hide communication), and where they can, :data:`PAIR_MAKESPAN_TERMS` of the
+    problem itself (when pairs can run)."""
+    relaxed = pair_relaxed(problem)
     if objective == "makespan":
-        values = [term(problem) for term in MAKESPAN_TERMS]
-        values += [memory_makespan(problem, fractions), memory_area(problem, fractions)]
-        values += [turn_makespan(problem), memory_envelope(problem)]
+        values = [term(relaxed) for term in MAKESPAN_TERMS]
+        values += [memory_makespan(relaxed, fractions), memory_area(relaxed, fractions)]
+        values += [turn_makespan(relaxed), memory_envelope(relaxed)]
+        if has_pair_savings(problem):
+            values += [term(problem) for term in PAIR_MAKESPAN_TERMS]
     else:
-        values = [term(problem) for term in SPAN_TERMS]
+        values = [term(relaxed) for term in SPAN_TERMS]
     return max(values)

@@ -1,0 +1,162 @@
+"""Makespan bounds that know when an overlapped pair ``FB`` can run (docs/design.md §3).
+
+The terms of :mod:`pp_opt.bounds.paths` price every op at its least share of a pair
+(:func:`pp_opt.ops.pair_relaxed`), as if every ``F`` and every backward ran paired all
+along. But a pair needs a forward and a backward of one device at the same time: none
+exists before the first backward of the pipeline, which waits for one microbatch's whole
+forward chain, and none after the last forward. These terms take the problem with its
+communication (unrelaxed) and bound the schedules of its backward variant
+(``problem.split_backward``), pairs included.
+
+Notation (``S`` stages, ``m`` microbatches): ``t_f(s)``, ``back(s)`` the full times of a
+forward and a backward (``t_b``, or fused ``t_bw``), ``F'(s)``, ``B'(s)`` their relaxed
+times (:func:`~pp_opt.ops.pair_relaxed`), ``e_F = t_f - F'`` and ``e_B = back - B'`` what an
+op costs over its relaxed time when it runs unpaired. Every pair of ``F(s, i)`` with the
+backward of ``(s2, j)`` lasts at least ``F'(s) + B'(s2)`` (:func:`~pp_opt.ops.pair_relaxed`),
+a pair's halves end together, and an op that waits for either half waits for the pair's end.
+
+Two facts carry every term (positive durations; a pair whose time is 0 has halves of
+full time 0, see :func:`~pp_opt.ops.pair_time`):
+
+- *First backward.* Let ``T0`` be the earliest end of a forward of the last stage and
+  ``j0`` its microbatch. Every backward waits for its microbatch's forward of the last
+  stage, so every pair starts at ``T0`` or later and ends after ``T0``. The forwards of
+  ``j0`` all end by ``T0``: none is paired, and ``T0 >= C``, the forward chain at full
+  times (``sum t_f`` over all stages plus ``t_comm`` per device change). The first op on a
+  device ``d`` starts at ``T0`` or later, or its microbatch's forwards below it all end
+  before ``T0``, unpaired: either way not before ``fill(s0(d))`` at full times.
+- *Last forward.* Let ``L`` be the latest end of a forward of the last stage and ``j*``
+  its microbatch. Every forward ends by ``L``, so every pair does; the backwards of ``j*``
+  all start at ``L`` or later, so none is paired: ``makespan >= L + `` its backward chain
+  at full times (``+ t_w(0)`` when split), and ``L >= T0 >= C``.
+"""
+
+from __future__ import annotations
+
+from pp_opt.bounds.paths import _critical_path, _fill, round_trip
+from pp_opt.ops import OpKind, duration, pair_relaxed
+from pp_opt.problem import Problem
+
+
+def _back(problem: Problem) -> OpKind:
+    return OpKind.B if problem.split_backward else OpKind.BW
+
+
+def _hop(problem: Problem, s: int, t: int) -> float:
+    return problem.t_comm if problem.device_of(s) != problem.device_of(t) else 0.0
+
+
+def full_critical_path(problem: Problem) -> float:
+    """One microbatch through every stage and back at full (unpaired) times.
+
+    ``makespan >= L + `` the backward chain of ``j*`` at full times, ``+ t_w(0)`` when
+    split (*last forward* above), and ``L >= C``: the critical path of
+    :func:`pp_opt.bounds.paths._critical_path` at the times of ``problem`` itself.
+    """
+    return _critical_path(problem)
+
+
+def _top_sums(values: list[tuple[float, int]], n: int) -> list[float]:
+    """``out[k]``: the sum of the ``k`` largest of ``values`` (``(value, copies)``),
+    ``k = 0..n``."""
+    out = [0.0]
+    for value, copies in sorted(values, reverse=True):
+        for _ in range(copies):
+            if len(out) > n:
+                return out
+            out.append(out[-1] + value)
+    return out
+
+
+def device_windows(problem: Problem) -> float:
+    """The largest over devices of ``min(V1(d), V2(d))``: pairs only between a device's
+    first backward and its last forward, and no more pairs than unpaired ops allow.
+
+    On device ``d`` (stages ``on(d)``, ``N = m |on(d)|`` forwards and as many backwards,
+    ``s0``/``s1`` its lowest and highest stage): ``fill = fill(s0)`` at full times;
+    ``T0_d = C + min over s in on(d) of`` the backward chain from the last stage down to
+    ``s + 1`` at relaxed times (with the device changes), no earlier than any backward on
+    ``d`` starts (*first backward*); ``L_d`` the latest end of a forward on ``d``, which is
+    a forward of ``s1``, of some microbatch ``j``; ``tail_d`` = ``round_trip(s1)`` at
+    relaxed times, then the backwards of ``j`` from ``s1`` down to 0 (full times on ``d``,
+    relaxed elsewhere, the device changes) and ``t_w(0)`` when split.
+
+    Proof. A pair on ``d`` has a backward on ``d`` (it starts at ``T0_d`` or later) and an
+    ``F`` on ``d`` (it ends by ``L_d``). So every op that starts on ``d`` before ``T0_d``
+    is an unpaired ``F``, and every op running on ``d`` after ``L_d`` is an unpaired
+    backward or a ``W`` (or optional work: recompute adds as much busy time as it fills).
+    The backward of ``j`` on ``s1`` starts at ``L_d + round_trip(s1)`` or later, unpaired,
+    and so are ``j``'s backwards on ``d`` below it: ``makespan - L_d >= tail_d``.
+
+    If ``L_d < T0_d`` no pair runs on ``d``: ``V1 = fill + `` its work at full times.
+
+    Otherwise the windows ``[fill, T0_d]`` and ``[L_d, makespan]`` are disjoint and
+    ``makespan - fill >=`` busy time ``+`` idle time in the two windows. The busy time is
+    at least ``R_d`` (its ops at relaxed times, ``W`` at ``t_w``) plus ``e_F``/``e_B`` of
+    every unpaired op. Let ``n1`` forwards start before ``T0_d`` (unpaired; they cover at
+    most ``sum t_f`` of the first window, which is ``A = T0_d - fill`` long) and ``n2``
+    backwards end after ``L_d`` (unpaired; with the ``W`` work ``W_d`` they cover at most
+    ``W_d + sum back`` of the second, at least ``tail_d`` long). The first window costs
+    ``sum e_F + max(0, A - sum t_f) = max(sum e_F, A - sum F') >= P(n1) = max(n1 e_F_min,
+    A - top_F'(n1))`` (``top`` the sum of the ``n1`` largest, ``m`` of each stage on ``d``);
+    the second likewise ``Q(n2) = max(n2 e_B_min, tail_d - W_d - top_B'(n2))``. Pairs match
+    one ``F`` with one backward, so ``u``, the number of unpaired forwards, is also that of
+    unpaired backwards, and ``u >= n1, n2``: the other unpaired ops add at least ``(u - n1)
+    e_F_min + (u - n2) e_B_min``. Hence ``makespan >= V2 = fill + R_d + min over u <= N of
+    [min over n1 <= u of (P(n1) - n1 e_F_min) + min over n2 <= u of (Q(n2) - n2 e_B_min) +
+    u (e_F_min + e_B_min)]``.
+    """
+    relaxed = pair_relaxed(problem)
+    back = _back(problem)
+    split = problem.split_backward
+    last = problem.num_stages - 1
+    m = problem.m
+    t_f = [duration(problem, OpKind.F, s) for s in range(last + 1)]
+    f_rel = [duration(relaxed, OpKind.F, s) for s in range(last + 1)]
+    b_full = [duration(problem, back, s) for s in range(last + 1)]
+    b_rel = [duration(relaxed, back, s) for s in range(last + 1)]
+    t_w = [duration(problem, OpKind.W, s) if split else 0.0 for s in range(last + 1)]
+    chain = _fill(problem, last) + t_f[last]  # C: the forward chain at full times
+    # below[s]: the backward chain at relaxed times from the last stage down to the start
+    # of a backward of s (the backwards of stages s+1.. and the device changes).
+    below = [0.0] * (last + 1)
+    for s in range(last - 1, -1, -1):
+        below[s] = below[s + 1] + b_rel[s + 1] + _hop(problem, s + 1, s)
+    best = 0.0
+    for device in range(problem.p):
+        own = problem.stages_on(device)
+        n = m * len(own)
+        fill = _fill(problem, min(own))
+        full_work = m * sum(t_f[s] + b_full[s] + t_w[s] for s in own)
+        v1 = fill + full_work
+        t0 = chain + min(below[s] for s in own)
+        top = max(own)
+        tail = round_trip(relaxed, top)
+        for s in range(top, -1, -1):
+            tail += b_full[s] if s in own else b_rel[s]
+            if s > 0:
+                tail += _hop(problem, s, s - 1)
+        tail += t_w[0]
+        w_load = m * sum(t_w[s] for s in own)
+        r_load = m * sum(f_rel[s] + b_rel[s] + t_w[s] for s in own)
+        e_f = max(0.0, min(t_f[s] - f_rel[s] for s in own))
+        e_b = max(0.0, min(b_full[s] - b_rel[s] for s in own))
+        top_f = _top_sums([(f_rel[s], m) for s in own], n)
+        top_b = _top_sums([(b_rel[s], m) for s in own], n)
+        window = max(0.0, t0 - fill)
+        room = tail - w_load
+        # prefix minima over n1, n2 <= u of P(n1) - n1 e_F and Q(n2) - n2 e_B
+        pre = post = float("inf")
+        extra = float("inf")
+        for u in range(n + 1):
+            pre = min(pre, max(u * e_f, window - top_f[u]) - u * e_f)
+            post = min(post, max(u * e_b, room - top_b[u]) - u * e_b)
+            extra = min(extra, pre + post + u * (e_f + e_b))
+        v2 = fill + r_load + extra
+        best = max(best, min(v1, v2))
+    return best
+
+
+PAIR_MAKESPAN_TERMS = (full_critical_path, device_windows)
+"""Makespan bounds of a problem with communication that pairs may hide, each a function of
+the unrelaxed problem (its backward variant); :func:`pp_opt.bounds.lower_bound` adds them."""
