@@ -35,7 +35,7 @@ from pp_opt.bounds.memory import (
     memory_makespan,
     turn_makespan,
 )
-from pp_opt.bounds.pairs import PAIR_MAKESPAN_TERMS
+from pp_opt.bounds.pairs import PAIR_MAKESPAN_TERMS, variant_relaxed
 from pp_opt.bounds.paths import MAKESPAN_TERMS, SPAN_TERMS, Term, round_trip
 from pp_opt.errors import ProblemError
 from pp_opt.ops import has_pair_savings, pair_relaxed
@@ -154,10 +154,10 @@ def _busiest_device(problem: Problem) -> float:
 
 def _variant_bound(problem: Problem, objective: str, fractions: tuple[float, ...]) -> float:
     """The largest term for schedules of ``problem.split_backward``'s variant: the terms of
-    the problem at its ops' pair shares (:func:`pp_opt.ops.pair_relaxed`: overlapped pairs
-    may hide communication), and where they can, :data:`PAIR_MAKESPAN_TERMS` of the
-    problem itself (when pairs can run)."""
-    relaxed = pair_relaxed(problem)
+    the problem at its ops' pair shares (:func:`~pp_opt.bounds.pairs.variant_relaxed`:
+    overlapped pairs may hide communication), and where pairs can hide some,
+    :data:`PAIR_MAKESPAN_TERMS` of the problem itself."""
+    relaxed = variant_relaxed(problem)
     if objective == "makespan":
         values = [term(relaxed) for term in MAKESPAN_TERMS]
         values += [memory_makespan(relaxed, fractions), memory_area(relaxed, fractions)]

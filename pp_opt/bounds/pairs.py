@@ -10,9 +10,9 @@ communication (unrelaxed) and bound the schedules of its backward variant
 
 Notation (``S`` stages, ``m`` microbatches): ``t_f(s)``, ``back(s)`` the full times of a
 forward and a backward (``t_b``, or fused ``t_bw``), ``F'(s)``, ``B'(s)`` their relaxed
-times (:func:`~pp_opt.ops.pair_relaxed`), ``e_F = t_f - F'`` and ``e_B = back - B'`` what an
+times (:func:`variant_relaxed`), ``e_F = t_f - F'`` and ``e_B = back - B'`` what an
 op costs over its relaxed time when it runs unpaired. Every pair of ``F(s, i)`` with the
-backward of ``(s2, j)`` lasts at least ``F'(s) + B'(s2)`` (:func:`~pp_opt.ops.pair_relaxed`),
+backward of ``(s2, j)`` lasts at least ``F'(s) + B'(s2)`` (:func:`variant_relaxed`),
 a pair's halves end together, and an op that waits for either half waits for the pair's end.
 
 Two facts carry every term (positive durations; a pair whose time is 0 has halves of
@@ -33,9 +33,32 @@ full time 0, see :func:`~pp_opt.ops.pair_time`):
 
 from __future__ import annotations
 
-from pp_opt.bounds.paths import _critical_path, _fill, round_trip
+from dataclasses import replace
+
+from pp_opt.bounds.paths import _critical_path, _drain, _fill, round_trip
 from pp_opt.ops import OpKind, duration, pair_relaxed
 from pp_opt.problem import Problem
+
+
+def variant_relaxed(problem: Problem) -> Problem:
+    """:func:`~pp_opt.ops.pair_relaxed` for the schedules of ``problem``'s backward variant.
+
+    A schedule runs one variant (:class:`pp_opt.order.Variant`): with the split backward
+    every pair's partner of an ``F`` is a ``B``, never a fused ``BW``, so the forward's
+    communication hides under at most the largest ``B`` compute of its device (``Bc*``
+    over ``t_b`` alone), where :func:`~pp_opt.ops.pair_relaxed` (which serves both
+    variants) also admits the larger ``BW`` compute. The backward's share does not depend
+    on the variant. The fused variant is :func:`~pp_opt.ops.pair_relaxed` itself.
+    """
+    relaxed = pair_relaxed(problem)
+    if relaxed is problem or not problem.split_backward:
+        return relaxed
+    # a fused backward as long as t_b: its compute is B's, the partners of a split schedule
+    probe = pair_relaxed(problem.replace(stages=tuple(replace(st, t_bw=st.t_b)
+                                                      for st in problem.stages)))  # fmt: skip
+    stages = tuple(replace(st, t_f=share.t_f) for st, share in zip(relaxed.stages, probe.stages,
+                                                                   strict=True))  # fmt: skip
+    return relaxed.replace(stages=stages)
 
 
 def _back(problem: Problem) -> OpKind:
@@ -73,40 +96,47 @@ def device_windows(problem: Problem) -> float:
     first backward and its last forward, and no more pairs than unpaired ops allow.
 
     On device ``d`` (stages ``on(d)``, ``N = m |on(d)|`` forwards and as many backwards,
-    ``s0``/``s1`` its lowest and highest stage): ``fill = fill(s0)`` at full times;
-    ``T0_d = C + min over s in on(d) of`` the backward chain from the last stage down to
-    ``s + 1`` at relaxed times (with the device changes), no earlier than any backward on
-    ``d`` starts (*first backward*); ``L_d`` the latest end of a forward on ``d``, which is
-    a forward of ``s1``, of some microbatch ``j``; ``tail_d`` = ``round_trip(s1)`` at
-    relaxed times, then the backwards of ``j`` from ``s1`` down to 0 (full times on ``d``,
-    relaxed elsewhere, the device changes) and ``t_w(0)`` when split.
+    ``s0``/``s1`` its lowest and highest stage, ``W_d`` its ``W`` work, ``D =
+    drain(s0)`` at relaxed times as in :func:`pp_opt.bounds.lower_bound`): ``fill =
+    fill(s0)`` at full times; ``T0_d = C + min over s in on(d) of`` the backward chain from
+    the last stage down to ``s + 1`` at relaxed times (with the device changes), no later
+    than any backward on ``d`` starts (*first backward*); ``L_d`` the latest end of a
+    forward on ``d``, which is a forward of ``s1``, of some microbatch ``j``; ``tail_d`` =
+    ``round_trip(s1)`` at relaxed times, then the backwards of ``j`` from ``s1`` down to
+    ``s0`` (full times on ``d``, relaxed elsewhere, the device changes).
 
     Proof. A pair on ``d`` has a backward on ``d`` (it starts at ``T0_d`` or later) and an
     ``F`` on ``d`` (it ends by ``L_d``). So every op that starts on ``d`` before ``T0_d``
     is an unpaired ``F``, and every op running on ``d`` after ``L_d`` is an unpaired
     backward or a ``W`` (or optional work: recompute adds as much busy time as it fills).
-    The backward of ``j`` on ``s1`` starts at ``L_d + round_trip(s1)`` or later, unpaired,
-    and so are ``j``'s backwards on ``d`` below it: ``makespan - L_d >= tail_d``.
+    Let ``X`` be the last backward on ``d`` to end, at ``e``, and ``w`` the busy time of
+    ``d`` after ``e`` (``W`` ops only): as in :func:`pp_opt.bounds.lower_bound`, ``X`` is on
+    ``s0`` and ``makespan >= e + max(w, D)``. The backward of ``j`` on ``s1`` starts at
+    ``L_d + round_trip(s1)`` or later, unpaired, and so are ``j``'s backwards on ``d``
+    below it, the last of them (on ``s0``) ending by ``e``: ``e - L_d >= tail_d``.
 
-    If ``L_d < T0_d`` no pair runs on ``d``: ``V1 = fill + `` its work at full times.
+    If ``L_d < T0_d`` no pair runs on ``d``: ``V1 = fill + `` its forwards and backwards at
+    full times ``+ max(W_d, D)``.
 
-    Otherwise the windows ``[fill, T0_d]`` and ``[L_d, makespan]`` are disjoint and
-    ``makespan - fill >=`` busy time ``+`` idle time in the two windows. The busy time is
-    at least ``R_d`` (its ops at relaxed times, ``W`` at ``t_w``) plus ``e_F``/``e_B`` of
-    every unpaired op. Let ``n1`` forwards start before ``T0_d`` (unpaired; they cover at
-    most ``sum t_f`` of the first window, which is ``A = T0_d - fill`` long) and ``n2``
-    backwards end after ``L_d`` (unpaired; with the ``W`` work ``W_d`` they cover at most
-    ``W_d + sum back`` of the second, at least ``tail_d`` long). The first window costs
-    ``sum e_F + max(0, A - sum t_f) = max(sum e_F, A - sum F') >= P(n1) = max(n1 e_F_min,
-    A - top_F'(n1))`` (``top`` the sum of the ``n1`` largest, ``m`` of each stage on ``d``);
-    the second likewise ``Q(n2) = max(n2 e_B_min, tail_d - W_d - top_B'(n2))``. Pairs match
-    one ``F`` with one backward, so ``u``, the number of unpaired forwards, is also that of
-    unpaired backwards, and ``u >= n1, n2``: the other unpaired ops add at least ``(u - n1)
-    e_F_min + (u - n2) e_B_min``. Hence ``makespan >= V2 = fill + R_d + min over u <= N of
-    [min over n1 <= u of (P(n1) - n1 e_F_min) + min over n2 <= u of (Q(n2) - n2 e_B_min) +
-    u (e_F_min + e_B_min)]``.
+    Otherwise ``fill <= T0_d <= L_d <= e`` and ``e - fill >=`` the busy time before ``e``
+    ``+`` the idle time in ``[fill, T0_d]`` and in ``[L_d, e]``. All busy time is at least
+    ``R_d`` (the ops at relaxed times, ``W`` at ``t_w``) plus ``e_F``/``e_B`` of every
+    unpaired op. Let ``n1`` forwards start before ``T0_d`` (unpaired; they cover at most
+    ``sum t_f`` of the first window, ``A = T0_d - fill`` long) and ``n2`` backwards end
+    after ``L_d`` (unpaired; with ``W`` work they cover at most ``sum back + W_d - w`` of
+    ``[L_d, e]``). The first window costs ``sum e_F + max(0, A - sum t_f) = max(sum e_F,
+    A - sum F') >= P(n1) = max(n1 e_F_min, A - top_F'(n1))`` (``top`` the sum of the ``n1``
+    largest, ``m`` of each stage on ``d``). The end costs ``sum e_B - w + max(0, tail_d -
+    sum back - W_d + w) + max(w, D)``, least over ``0 <= w <= W_d`` at ``w = min(D, W_d)``:
+    ``max(sum e_B + max(0, D - W_d), tail_d + D - W_d - sum B') >= Q(n2) = max(n2 e_B_min
+    + max(0, D - W_d), tail_d + D - W_d - top_B'(n2))``. Pairs match one ``F`` with one
+    backward, so ``u``, the number of unpaired forwards, is also that of unpaired
+    backwards, and ``u >= n1, n2``: the other unpaired ops add at least ``(u - n1) e_F_min +
+    (u - n2) e_B_min``. Hence ``makespan >= V2 = fill + R_d + min over u <= N of [min over
+    n1 <= u of (P(n1) - n1 e_F_min) + min over n2 <= u of (Q(n2) - n2 e_B_min) + u (e_F_min
+    + e_B_min)]``.
     """
-    relaxed = pair_relaxed(problem)
+    relaxed = variant_relaxed(problem)
     back = _back(problem)
     split = problem.split_backward
     last = problem.num_stages - 1
@@ -126,31 +156,30 @@ def device_windows(problem: Problem) -> float:
     for device in range(problem.p):
         own = problem.stages_on(device)
         n = m * len(own)
-        fill = _fill(problem, min(own))
-        full_work = m * sum(t_f[s] + b_full[s] + t_w[s] for s in own)
-        v1 = fill + full_work
-        t0 = chain + min(below[s] for s in own)
-        top = max(own)
-        tail = round_trip(relaxed, top)
-        for s in range(top, -1, -1):
-            tail += b_full[s] if s in own else b_rel[s]
-            if s > 0:
-                tail += _hop(problem, s, s - 1)
-        tail += t_w[0]
+        low, top = min(own), max(own)
+        fill = _fill(problem, low)
         w_load = m * sum(t_w[s] for s in own)
+        drain = _drain(relaxed, low)
+        v1 = fill + m * sum(t_f[s] + b_full[s] for s in own) + max(w_load, drain)
+        t0 = chain + min(below[s] for s in own)
+        tail = round_trip(relaxed, top)
+        for s in range(top, low - 1, -1):
+            tail += b_full[s] if s in own else b_rel[s]
+            if s > low:
+                tail += _hop(problem, s, s - 1)
         r_load = m * sum(f_rel[s] + b_rel[s] + t_w[s] for s in own)
         e_f = max(0.0, min(t_f[s] - f_rel[s] for s in own))
         e_b = max(0.0, min(b_full[s] - b_rel[s] for s in own))
         top_f = _top_sums([(f_rel[s], m) for s in own], n)
         top_b = _top_sums([(b_rel[s], m) for s in own], n)
         window = max(0.0, t0 - fill)
-        room = tail - w_load
+        room = tail + drain - w_load
+        owed = max(0.0, drain - w_load)
         # prefix minima over n1, n2 <= u of P(n1) - n1 e_F and Q(n2) - n2 e_B
-        pre = post = float("inf")
-        extra = float("inf")
+        pre = post = extra = float("inf")
         for u in range(n + 1):
             pre = min(pre, max(u * e_f, window - top_f[u]) - u * e_f)
-            post = min(post, max(u * e_b, room - top_b[u]) - u * e_b)
+            post = min(post, max(u * e_b + owed, room - top_b[u]) - u * e_b)
             extra = min(extra, pre + post + u * (e_f + e_b))
         v2 = fill + r_load + extra
         best = max(best, min(v1, v2))
