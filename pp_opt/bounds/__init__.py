@@ -10,7 +10,9 @@
 Time bounds only use the required ops (``F``, ``B``/``W`` or ``BW``), never the
 optional ones (offload copies and recomputation can only add work). Where overlapped
 pairs can hide communication, they bound the problem whose ops cost what they may cost
-inside a pair (:func:`pp_opt.ops.pair_relaxed`).
+inside a pair (:func:`pp_opt.bounds.pairs.variant_relaxed`), and the makespan also gets
+:data:`PAIR_MAKESPAN_TERMS` (:mod:`pp_opt.bounds.pairs`): no pair runs before the first
+backward nor after the last forward, and every unpaired op costs its full time.
 """
 
 from __future__ import annotations
@@ -102,6 +104,11 @@ def lower_bound(
     and the ``W`` of the same microbatch, which waits for the round trip
     ``loop(s)`` through the stages above ``s`` (their forwards and backwards and
     the device changes). The fill before the first op does not count in a span.
+
+    With communication that overlapped pairs may hide, these terms hold for the problem of
+    ops at their least share of a pair (:func:`pp_opt.bounds.pairs.variant_relaxed`), and
+    the makespan adds :data:`PAIR_MAKESPAN_TERMS` of the problem itself (the critical
+    path at full times, and per device the windows where no pair can run).
 
     The memory caps add the terms of :func:`memory_makespan`, :func:`memory_area`,
     :func:`turn_makespan` and :func:`memory_envelope`. A

@@ -34,8 +34,9 @@ full time 0, see :func:`~pp_opt.ops.pair_time`):
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
-from pp_opt.bounds.paths import _critical_path, _drain, _fill, round_trip
+from pp_opt.bounds.paths import Term, _critical_path, _drain, _fill, round_trip
 from pp_opt.ops import OpKind, duration, pair_relaxed
 from pp_opt.problem import Problem
 
@@ -136,56 +137,83 @@ def device_windows(problem: Problem) -> float:
     n1 <= u of (P(n1) - n1 e_F_min) + min over n2 <= u of (Q(n2) - n2 e_B_min) + u (e_F_min
     + e_B_min)]``.
     """
-    relaxed = variant_relaxed(problem)
-    back = _back(problem)
-    split = problem.split_backward
-    last = problem.num_stages - 1
+    costs = _Costs.of(problem)
+    return max(_window_bound(problem, costs, device) for device in range(problem.p))
+
+
+class _Costs(NamedTuple):
+    """Per stage: full and relaxed times of a forward and a backward, ``W`` (0 when fused),
+    the relaxed problem, ``C`` and the relaxed backward chain down to each stage."""
+
+    relaxed: Problem
+    t_f: list[float]
+    f_rel: list[float]
+    b_full: list[float]
+    b_rel: list[float]
+    t_w: list[float]
+    chain: float
+    """``C``: one microbatch's forward chain through every stage at full times."""
+    below: list[float]
+    """From the last stage's backward start to a backward of ``s`` (relaxed)."""
+
+    @classmethod
+    def of(cls, problem: Problem) -> _Costs:
+        relaxed = variant_relaxed(problem)
+        back = _back(problem)
+        stages = range(problem.num_stages)
+        t_f = [duration(problem, OpKind.F, s) for s in stages]
+        b_rel = [duration(relaxed, back, s) for s in stages]
+        last = problem.num_stages - 1
+        below = [0.0] * (last + 1)
+        for s in range(last - 1, -1, -1):
+            below[s] = below[s + 1] + b_rel[s + 1] + _hop(problem, s + 1, s)
+        return cls(
+            relaxed=relaxed,
+            t_f=t_f,
+            f_rel=[duration(relaxed, OpKind.F, s) for s in stages],
+            b_full=[duration(problem, back, s) for s in stages],
+            b_rel=b_rel,
+            t_w=[
+                duration(problem, OpKind.W, s) if problem.split_backward else 0.0 for s in stages
+            ],  # fmt: skip
+            chain=_fill(problem, last) + t_f[last],
+            below=below,
+        )
+
+
+def _window_bound(problem: Problem, c: _Costs, device: int) -> float:
+    """``min(V1, V2)`` of :func:`device_windows` for ``device``."""
     m = problem.m
-    t_f = [duration(problem, OpKind.F, s) for s in range(last + 1)]
-    f_rel = [duration(relaxed, OpKind.F, s) for s in range(last + 1)]
-    b_full = [duration(problem, back, s) for s in range(last + 1)]
-    b_rel = [duration(relaxed, back, s) for s in range(last + 1)]
-    t_w = [duration(problem, OpKind.W, s) if split else 0.0 for s in range(last + 1)]
-    chain = _fill(problem, last) + t_f[last]  # C: the forward chain at full times
-    # below[s]: the backward chain at relaxed times from the last stage down to the start
-    # of a backward of s (the backwards of stages s+1.. and the device changes).
-    below = [0.0] * (last + 1)
-    for s in range(last - 1, -1, -1):
-        below[s] = below[s + 1] + b_rel[s + 1] + _hop(problem, s + 1, s)
-    best = 0.0
-    for device in range(problem.p):
-        own = problem.stages_on(device)
-        n = m * len(own)
-        low, top = min(own), max(own)
-        fill = _fill(problem, low)
-        w_load = m * sum(t_w[s] for s in own)
-        drain = _drain(relaxed, low)
-        v1 = fill + m * sum(t_f[s] + b_full[s] for s in own) + max(w_load, drain)
-        t0 = chain + min(below[s] for s in own)
-        tail = round_trip(relaxed, top)
-        for s in range(top, low - 1, -1):
-            tail += b_full[s] if s in own else b_rel[s]
-            if s > low:
-                tail += _hop(problem, s, s - 1)
-        r_load = m * sum(f_rel[s] + b_rel[s] + t_w[s] for s in own)
-        e_f = max(0.0, min(t_f[s] - f_rel[s] for s in own))
-        e_b = max(0.0, min(b_full[s] - b_rel[s] for s in own))
-        top_f = _top_sums([(f_rel[s], m) for s in own], n)
-        top_b = _top_sums([(b_rel[s], m) for s in own], n)
-        window = max(0.0, t0 - fill)
-        room = tail + drain - w_load
-        owed = max(0.0, drain - w_load)
-        # prefix minima over n1, n2 <= u of P(n1) - n1 e_F and Q(n2) - n2 e_B
-        pre = post = extra = float("inf")
-        for u in range(n + 1):
-            pre = min(pre, max(u * e_f, window - top_f[u]) - u * e_f)
-            post = min(post, max(u * e_b + owed, room - top_b[u]) - u * e_b)
-            extra = min(extra, pre + post + u * (e_f + e_b))
-        v2 = fill + r_load + extra
-        best = max(best, min(v1, v2))
-    return best
+    own = problem.stages_on(device)
+    low, top = min(own), max(own)
+    fill = _fill(problem, low)
+    w_load = m * sum(c.t_w[s] for s in own)
+    drain = _drain(c.relaxed, low)
+    v1 = fill + m * sum(c.t_f[s] + c.b_full[s] for s in own) + max(w_load, drain)
+    t0 = c.chain + min(c.below[s] for s in own)
+    tail = round_trip(c.relaxed, top)
+    for s in range(top, low - 1, -1):
+        tail += c.b_full[s] if s in own else c.b_rel[s]
+        if s > low:
+            tail += _hop(problem, s, s - 1)
+    r_load = m * sum(c.f_rel[s] + c.b_rel[s] + c.t_w[s] for s in own)
+    e_f = max(0.0, min(c.t_f[s] - c.f_rel[s] for s in own))
+    e_b = max(0.0, min(c.b_full[s] - c.b_rel[s] for s in own))
+    n = m * len(own)
+    top_f = _top_sums([(c.f_rel[s], m) for s in own], n)
+    top_b = _top_sums([(c.b_rel[s], m) for s in own], n)
+    window = max(0.0, t0 - fill)
+    room = tail + drain - w_load
+    owed = max(0.0, drain - w_load)
+    # prefix minima over n1, n2 <= u of P(n1) - n1 e_F and Q(n2) - n2 e_B
+    pre = post = extra = float("inf")
+    for u in range(n + 1):
+        pre = min(pre, max(u * e_f, window - top_f[u]) - u * e_f)
+        post = min(post, max(u * e_b + owed, room - top_b[u]) - u * e_b)
+        extra = min(extra, pre + post + u * (e_f + e_b))
+    return min(v1, fill + r_load + extra)
 
 
-PAIR_MAKESPAN_TERMS = (full_critical_path, device_windows)
+PAIR_MAKESPAN_TERMS: tuple[Term, ...] = (full_critical_path, device_windows)
 """Makespan bounds of a problem with communication that pairs may hide, each a function of
 the unrelaxed problem (its backward variant); :func:`pp_opt.bounds.lower_bound` adds them."""
