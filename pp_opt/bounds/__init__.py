@@ -10,7 +10,9 @@
 Time bounds only use the required ops (``F``, ``B``/``W`` or ``BW``), never the
 optional ones (offload copies and recomputation can only add work). Where overlapped
 pairs can hide communication, they bound the problem whose ops cost what they may cost
-inside a pair (:func:`pp_opt.ops.pair_relaxed`).
+inside a pair (:func:`pp_opt.bounds.pairs.variant_relaxed`), and the makespan also gets
+:data:`PAIR_MAKESPAN_TERMS` (:mod:`pp_opt.bounds.pairs`): no pair runs before the first
+backward nor after the last forward, and every unpaired op costs its full time.
 """
 
 from __future__ import annotations
@@ -35,14 +37,16 @@ from pp_opt.bounds.memory import (
     memory_makespan,
     turn_makespan,
 )
+from pp_opt.bounds.pairs import PAIR_MAKESPAN_TERMS, variant_relaxed
 from pp_opt.bounds.paths import MAKESPAN_TERMS, SPAN_TERMS, Term, round_trip
 from pp_opt.errors import ProblemError
-from pp_opt.ops import pair_relaxed
+from pp_opt.ops import has_pair_savings, pair_relaxed
 from pp_opt.problem import OBJECTIVES, Problem
 
 __all__ = [
     "ENVELOPE_STEPS",
     "MAKESPAN_TERMS",
+    "PAIR_MAKESPAN_TERMS",
     "SPAN_TERMS",
     "Term",
     "admitted_limit",
@@ -101,6 +105,11 @@ def lower_bound(
     ``loop(s)`` through the stages above ``s`` (their forwards and backwards and
     the device changes). The fill before the first op does not count in a span.
 
+    With communication that overlapped pairs may hide, these terms hold for the problem of
+    ops at their least share of a pair (:func:`pp_opt.bounds.pairs.variant_relaxed`), and
+    the makespan adds :data:`PAIR_MAKESPAN_TERMS` of the problem itself (the critical
+    path at full times, and per device the windows where no pair can run).
+
     The memory caps add the terms of :func:`memory_makespan`, :func:`memory_area`,
     :func:`turn_makespan` and :func:`memory_envelope`. A
     problem with a split backward is bounded for both variants (a schedule may fuse its
@@ -126,10 +135,8 @@ def lower_bound(
     if objective not in OBJECTIVES:
         raise ProblemError("objective", f"unknown {objective!r}; use 'makespan' or 'span'")
     fractions = tuple(offload_fractions)
-    # Overlapped pairs may hide communication: bound the problem of ops at their pair share.
-    problem = pair_relaxed(problem)
     if problem.placement == "dual":
-        return _busiest_device(problem)
+        return _busiest_device(pair_relaxed(problem))
     bound = _variant_bound(problem, objective, fractions)
     if problem.split_backward:
         # A schedule may run the fused backward even so (the classic baselines do), and a
@@ -153,11 +160,17 @@ def _busiest_device(problem: Problem) -> float:
 
 
 def _variant_bound(problem: Problem, objective: str, fractions: tuple[float, ...]) -> float:
-    """The largest term for schedules of ``problem.split_backward``'s variant."""
+    """The largest term for schedules of ``problem.split_backward``'s variant: the terms of
+    the problem at its ops' pair shares (:func:`~pp_opt.bounds.pairs.variant_relaxed`:
+    overlapped pairs may hide communication), and where pairs can hide some,
+    :data:`PAIR_MAKESPAN_TERMS` of the problem itself."""
+    relaxed = variant_relaxed(problem)
     if objective == "makespan":
-        values = [term(problem) for term in MAKESPAN_TERMS]
-        values += [memory_makespan(problem, fractions), memory_area(problem, fractions)]
-        values += [turn_makespan(problem), memory_envelope(problem)]
+        values = [term(relaxed) for term in MAKESPAN_TERMS]
+        values += [memory_makespan(relaxed, fractions), memory_area(relaxed, fractions)]
+        values += [turn_makespan(relaxed), memory_envelope(relaxed)]
+        if has_pair_savings(problem):
+            values += [term(problem) for term in PAIR_MAKESPAN_TERMS]
     else:
-        values = [term(problem) for term in SPAN_TERMS]
+        values = [term(relaxed) for term in SPAN_TERMS]
     return max(values)
