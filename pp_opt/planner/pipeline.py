@@ -1,8 +1,9 @@
 """``plan``: the planner as a short sequence of named steps.
 
-enumerate legal configurations -> split their layers -> bound and prune -> solve the
-survivors (short limits) -> evaluate the defaults beside the best -> refine the top few
-(the time left) -> rank and emit. Each step is a function of its own module.
+enumerate legal configurations -> screen a large search -> split their layers -> bound and
+prune -> solve the simple points, then the survivors (short limits) -> evaluate the defaults
+beside the best -> refine the top few (the time left) -> rank and emit. Each step is a
+function of its own module.
 """
 
 from __future__ import annotations
@@ -10,19 +11,21 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from pp_opt.arguments import MAX_SEED, callback, integer, number, optional
 from pp_opt.errors import ProblemError
 from pp_opt.planner.baselines import baseline_candidates
 from pp_opt.planner.candidates import split_layers
-from pp_opt.planner.config import Pins, PlanInputs
+from pp_opt.planner.config import Candidate, Pins, PlanInputs
 from pp_opt.planner.evaluate import SOLVED, EvaluationTask, Scored
 from pp_opt.planner.executors import Executor, make_executor
 from pp_opt.planner.problems import Bounded, bound_candidate
 from pp_opt.planner.result import Plan
 from pp_opt.planner.screen import screen
 from pp_opt.planner.search import ProgressFn, SearchResult, refine, solve_survivors
+from pp_opt.planner.simple import SIMPLE_SHARE, simple_points
 from pp_opt.planner.space import Enumeration, enumerate_configs
 from pp_opt.profiler.cards import HardwareCard, ModelCard, load_hardware_card, load_model_card
 from pp_opt.solvers.process.stop import StopToken
@@ -134,9 +137,9 @@ def plan(
     try:
         enumeration, bounded, pruned = prepare(inputs, pins, splits=splits)
         found, defaults = _search(
-            inputs, pins, bounded, pruned, runner, started=started, time_limit=time_limit,
-            keep=keep, seed=seed, threads=threads, refine_top=refine_top, progress=progress,
-            stop=stop,
+            inputs, pins, bounded, pruned, runner, configs=enumeration.configs,
+            started=started, time_limit=time_limit, keep=keep, seed=seed, threads=threads,
+            refine_top=refine_top, progress=progress, stop=stop,
         )  # fmt: skip
     finally:
         if owned:
@@ -154,19 +157,23 @@ def plan(
 
 def _search(
     inputs: PlanInputs, pins: Pins, bounded: list[Bounded], pruned: Counter[str],
-    runner: Executor, *,
+    runner: Executor, *, configs: Sequence[Candidate],
     started: float, time_limit: float, keep: int, seed: int, threads: int, refine_top: int,
     progress: ProgressFn | None, stop: StopToken,
 ) -> tuple[SearchResult, list[Scored]]:  # fmt: skip
-    """Steps 4 and 5: screen the survivors best-bound first, run the defaults beside the
-    best, refine the best with the time left."""
+    """Steps 4 and 5: the simple points first (:mod:`pp_opt.planner.simple`), then the
+    survivors best-bound first, run the defaults beside the best, refine the best with the
+    time left."""
     end = started + time_limit * (1 - FINISH_MARGIN)
     feasible = sum(b.infeasible is None for b in bounded)
     short = short_limit(time_limit, feasible, runner.workers)
+    most = int(SIMPLE_SHARE * SCREEN_SHARE * time_limit * runner.workers / short)
+    simple = simple_points(inputs, configs, bounded, most=most)
     found = solve_survivors(
         inputs, bounded, runner, short=short, deadline=started + SCREEN_SHARE * time_limit,
         keep=keep, seed=seed, threads=threads, started=started,
         total=len(bounded) + pruned[NO_SPLIT], pruned=pruned, progress=progress, stop=stop,
+        first=simple,
     )  # fmt: skip
     ranked = sorted((s for s in found.scored if s.ok), key=Scored.sort_key)
     defaults: list[Scored] = []

@@ -47,6 +47,13 @@ class Plan:
     """Training-job settings of the best candidate (torchtitan keys, Megatron-LM flags)."""
 
     @property
+    def unsolved(self) -> int:
+        """Candidates the time limit (or an interruption) left unsolved."""
+        from pp_opt.planner.search import NOT_SOLVED_INTERRUPTED, PRUNED_BY_TIME
+
+        return self.pruned[PRUNED_BY_TIME] + self.pruned[NOT_SOLVED_INTERRUPTED]
+
+    @property
     def best(self) -> Scored | None:
         return self.candidates[0] if self.candidates else None
 
@@ -76,6 +83,7 @@ class Plan:
                 "candidates": evaluated + sum(self.pruned.values()),
                 "evaluated": evaluated,
                 "pruned": sum(self.pruned.values()),
+                "unsolved": self.unsolved,
                 "skipped": sum(self.skipped.values()),
             },
             "seconds": self.seconds,
