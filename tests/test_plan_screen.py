@@ -42,13 +42,13 @@ def test_a_large_search_keeps_the_least_bounds_and_counts_the_rest() -> None:
     kept, dropped = screen(INPUTS, configs, keep=10)
     assert len(kept) == 10 and sum(dropped.values()) == len(configs) - 10
     assert set(dropped) <= {NO_ROOM, DOMINATED, TOO_LARGE}
-    assert kept == [c for c in configs if c in set(kept)]  # in their order
     estimate = {}
     for c in configs:
         b = split_free_bound(INPUTS, c.job, unit_costs(INPUTS.model, INPUTS.hardware,
                                                        _unit_key(c.job)))  # fmt: skip
         estimate[c] = None if b is None else b * _bubble(c.job)
     worst_kept = max(estimate[c] or 0.0 for c in kept)
+    assert [estimate[c] for c in kept] == sorted(estimate[c] for c in kept)  # best first
     memory, present = _Memory(INPUTS), set(configs)
     modes = ("none", "selective_op", "full")
     for c in kept:
@@ -119,3 +119,17 @@ def test_the_split_models_memory_is_the_profilers_static_memory() -> None:
                 assert mine[d] * MEMORY_SCALE == pytest.approx(got, rel=0.1, abs=slack)
                 if split == even_split(card.layers, stages):
                     assert mine[d] * MEMORY_SCALE == pytest.approx(got, abs=slack)
+
+
+def test_prepare_stops_splitting_at_its_deadline_and_counts_the_rest() -> None:
+    import time
+
+    from pp_opt.planner.pipeline import prepare
+    from pp_opt.planner.search import NOT_PREPARED
+
+    pins = Pins(tp=(1,), pp=(2,), ac="none", dp_shard=(1,), mbs=(1,))
+    configs = enumerate_configs(INPUTS, pins).configs
+    _, bounded, pruned = prepare(INPUTS, pins)
+    assert bounded and NOT_PREPARED not in pruned
+    _, none, late = prepare(INPUTS, pins, deadline=time.perf_counter() - 1)
+    assert none == [] and late[NOT_PREPARED] == len(configs)

@@ -79,12 +79,13 @@ def config_splits(inputs: PlanInputs, job: Job, *, count: int) -> list[tuple[int
 
 
 def split_layers(
-    inputs: PlanInputs, configs: Sequence[Candidate], *, count: int = 2
-) -> tuple[list[Candidate], int]:
+    inputs: PlanInputs, configs: Sequence[Candidate], *, count: int = 2,
+    cache: dict[Job, list[tuple[int, ...]]] | None = None,
+) -> tuple[list[Candidate], int]:  # fmt: skip
     """The candidates of ``configs`` with their layers split (splits shared by configurations
-    that differ only in recompute and offload), and how many configurations had no split that
-    fits."""
-    cache: dict[Job, list[tuple[int, ...]]] = {}
+    that differ only in recompute and offload, through ``cache``: job -> splits), and how
+    many configurations had no split that fits."""
+    cache = {} if cache is None else cache
     out: list[Candidate] = []
     unsplit = 0
     for config in configs:

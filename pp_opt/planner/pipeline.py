@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pp_opt.arguments import MAX_SEED, callback, integer, number, optional
 from pp_opt.errors import ProblemError
+from pp_opt.job import Job
 from pp_opt.planner.baselines import baseline_candidates
 from pp_opt.planner.candidates import split_layers
 from pp_opt.planner.config import Candidate, Pins, PlanInputs
@@ -24,7 +25,13 @@ from pp_opt.planner.executors import Executor, make_executor
 from pp_opt.planner.problems import Bounded, bound_candidate
 from pp_opt.planner.result import Plan
 from pp_opt.planner.screen import screen
-from pp_opt.planner.search import ProgressFn, SearchResult, refine, solve_survivors
+from pp_opt.planner.search import (
+    NOT_PREPARED,
+    ProgressFn,
+    SearchResult,
+    refine,
+    solve_survivors,
+)
 from pp_opt.planner.simple import SIMPLE_SHARE, simple_points
 from pp_opt.planner.space import Enumeration, enumerate_configs
 from pp_opt.profiler.cards import HardwareCard, ModelCard, load_hardware_card, load_model_card
@@ -51,23 +58,51 @@ def short_limit(time_limit: float, candidates: int, workers: int) -> float:
 
 
 NO_SPLIT = "infeasible: no layer split fits the memory"
+PREPARE_SHARE = 0.2
+"""Share of the time limit after which no further configuration is split or bounded (a
+405B model's split and bound take about a second per configuration on a loaded machine)."""
 
 
 def prepare(
-    inputs: PlanInputs, pins: Pins, *, splits: int = 2
+    inputs: PlanInputs, pins: Pins, *, splits: int = 2, deadline: float | None = None
 ) -> tuple[Enumeration, list[Bounded], Counter[str]]:
     """Steps 1 to 3: the legal configurations, their split candidates with bounds, and the
-    infeasible ones counted by reason (a configuration without a split counts once)."""
+    infeasible ones counted by reason (a configuration without a split counts once).
+
+    Configurations are split in the screen's order (a large search's: best estimate first),
+    and the candidates without recompute and offload bounded before those with them; past
+    ``deadline`` (:func:`time.perf_counter`) the rest are counted under
+    :data:`NOT_PREPARED` (configurations not split, candidates not bounded)."""
     enumeration = enumerate_configs(inputs, pins)
     if not enumeration.configs:
         reasons = ", ".join(sorted(enumeration.skipped)) or "nothing to try"
         raise ProblemError("gpus", f"no legal configuration ({reasons}); change the pins")
     configs, screened = screen(inputs, enumeration.configs)
-    candidates, unsplit = split_layers(inputs, configs, count=splits)
     pruned: Counter[str] = Counter(screened)
-    if unsplit:
-        pruned[NO_SPLIT] += unsplit
-    bounded = [bound_candidate(inputs, c) for c in candidates]
+
+    def late() -> bool:
+        return deadline is not None and time.perf_counter() > deadline
+
+    cache: dict[Job, list[tuple[int, ...]]] = {}
+    bounded: list[Bounded] = []
+    variants: list[Candidate] = []  # with recompute or offload: bounded after the others
+    for n, config in enumerate(configs):
+        if late():
+            pruned[NOT_PREPARED] += len(configs) - n
+            break
+        candidates, unsplit = split_layers(inputs, [config], count=splits, cache=cache)
+        if unsplit:
+            pruned[NO_SPLIT] += unsplit
+        for c in candidates:
+            if c.recompute or c.offload:
+                variants.append(c)
+            else:
+                bounded.append(bound_candidate(inputs, c))
+    for n, c in enumerate(variants):
+        if late():
+            pruned[NOT_PREPARED] += len(variants) - n
+            break
+        bounded.append(bound_candidate(inputs, c))
     for b in bounded:
         if b.infeasible is not None:
             pruned[f"infeasible: {b.infeasible}"] += 1
@@ -135,7 +170,9 @@ def plan(
         executor if executor is not None else make_executor(workers=workers, ray=ray, stop=stop)
     )
     try:
-        enumeration, bounded, pruned = prepare(inputs, pins, splits=splits)
+        enumeration, bounded, pruned = prepare(
+            inputs, pins, splits=splits, deadline=started + PREPARE_SHARE * time_limit
+        )
         found, defaults = _search(
             inputs, pins, bounded, pruned, runner, configs=enumeration.configs,
             started=started, time_limit=time_limit, keep=keep, seed=seed, threads=threads,

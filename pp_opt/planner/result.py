@@ -48,10 +48,11 @@ class Plan:
 
     @property
     def unsolved(self) -> int:
-        """Candidates the time limit (or an interruption) left unsolved."""
-        from pp_opt.planner.search import NOT_SOLVED_INTERRUPTED, PRUNED_BY_TIME
+        """Candidates the time limit (or an interruption) left unsolved (configurations it
+        left unsplit count once each)."""
+        from pp_opt.planner.search import NOT_PREPARED, NOT_SOLVED_INTERRUPTED, PRUNED_BY_TIME
 
-        return self.pruned[PRUNED_BY_TIME] + self.pruned[NOT_SOLVED_INTERRUPTED]
+        return sum(self.pruned[k] for k in (NOT_PREPARED, PRUNED_BY_TIME, NOT_SOLVED_INTERRUPTED))
 
     @property
     def best(self) -> Scored | None:

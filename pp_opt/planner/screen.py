@@ -128,7 +128,7 @@ def screen(
     """``configs`` as they are when there are at most ``keep``; else, in the order of their
     split-free estimates, the first ``keep`` that some split fits (the split model's memory
     rows at one microbatch per stage) and that no twin dominates (:func:`_twins`: one that
-    computes no more fits the classic schedule), in their order; the others counted by
+    computes no more fits the classic schedule), best estimate first; the others counted by
     reason."""
     if len(configs) <= keep:
         return list(configs), {}
@@ -159,4 +159,4 @@ def screen(
             dropped[DOMINATED] += 1
         else:
             chosen.append(i)
-    return [configs[i] for i in sorted(chosen)], {k: v for k, v in dropped.items() if v}
+    return [configs[i] for i in chosen], {k: v for k, v in dropped.items() if v}

@@ -35,6 +35,7 @@ PRUNED_BY_TIME = "time limit reached before it was solved"
 PRUNED_BY_MEMORY = "memory not binding without recompute or offload"
 PRUNED_BY_CHECKPOINTING = "memory not binding without activation checkpointing"
 NOT_SOLVED_INTERRUPTED = "interrupted before it was solved"
+NOT_PREPARED = "time limit reached before it was split or bounded"
 
 
 @dataclass(frozen=True, slots=True)
