@@ -170,9 +170,8 @@ def plan(
         executor if executor is not None else make_executor(workers=workers, ray=ray, stop=stop)
     )
     try:
-        enumeration, bounded, pruned = prepare(
-            inputs, pins, splits=splits, deadline=started + PREPARE_SHARE * time_limit
-        )
+        ready = started + PREPARE_SHARE * time_limit
+        enumeration, bounded, pruned = prepare(inputs, pins, splits=splits, deadline=ready)
         found, defaults = _search(
             inputs, pins, bounded, pruned, runner, configs=enumeration.configs,
             started=started, time_limit=time_limit, keep=keep, seed=seed, threads=threads,
