@@ -1,8 +1,9 @@
 """``plan``: the planner as a short sequence of named steps.
 
-enumerate legal configurations -> split their layers -> bound and prune -> solve the
-survivors (short limits) -> evaluate the defaults beside the best -> refine the top few
-(the time left) -> rank and emit. Each step is a function of its own module.
+enumerate legal configurations -> screen a large search -> split their layers -> bound and
+prune -> solve the simple points, then the survivors (short limits) -> evaluate the defaults
+beside the best -> refine the top few (the time left) -> rank and emit. Each step is a
+function of its own module.
 """
 
 from __future__ import annotations
@@ -10,19 +11,28 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from pp_opt.arguments import MAX_SEED, callback, integer, number, optional
 from pp_opt.errors import ProblemError
+from pp_opt.job import Job
 from pp_opt.planner.baselines import baseline_candidates
 from pp_opt.planner.candidates import split_layers
-from pp_opt.planner.config import Pins, PlanInputs
+from pp_opt.planner.config import Candidate, Pins, PlanInputs
 from pp_opt.planner.evaluate import SOLVED, EvaluationTask, Scored
 from pp_opt.planner.executors import Executor, make_executor
 from pp_opt.planner.problems import Bounded, bound_candidate
 from pp_opt.planner.result import Plan
 from pp_opt.planner.screen import screen
-from pp_opt.planner.search import ProgressFn, SearchResult, refine, solve_survivors
+from pp_opt.planner.search import (
+    NOT_PREPARED,
+    ProgressFn,
+    SearchResult,
+    refine,
+    solve_survivors,
+)
+from pp_opt.planner.simple import SIMPLE_SHARE, simple_points
 from pp_opt.planner.space import Enumeration, enumerate_configs
 from pp_opt.profiler.cards import HardwareCard, ModelCard, load_hardware_card, load_model_card
 from pp_opt.solvers.process.stop import StopToken
@@ -48,23 +58,51 @@ def short_limit(time_limit: float, candidates: int, workers: int) -> float:
 
 
 NO_SPLIT = "infeasible: no layer split fits the memory"
+PREPARE_SHARE = 0.2
+"""Share of the time limit after which no further configuration is split or bounded (a
+405B model's split and bound take about a second per configuration on a loaded machine)."""
 
 
 def prepare(
-    inputs: PlanInputs, pins: Pins, *, splits: int = 2
+    inputs: PlanInputs, pins: Pins, *, splits: int = 2, deadline: float | None = None
 ) -> tuple[Enumeration, list[Bounded], Counter[str]]:
     """Steps 1 to 3: the legal configurations, their split candidates with bounds, and the
-    infeasible ones counted by reason (a configuration without a split counts once)."""
+    infeasible ones counted by reason (a configuration without a split counts once).
+
+    Configurations are split in the screen's order (a large search's: best estimate first),
+    and the candidates without recompute and offload bounded before those with them; past
+    ``deadline`` (:func:`time.perf_counter`) the rest are counted under
+    :data:`NOT_PREPARED` (configurations not split, candidates not bounded)."""
     enumeration = enumerate_configs(inputs, pins)
     if not enumeration.configs:
         reasons = ", ".join(sorted(enumeration.skipped)) or "nothing to try"
         raise ProblemError("gpus", f"no legal configuration ({reasons}); change the pins")
     configs, screened = screen(inputs, enumeration.configs)
-    candidates, unsplit = split_layers(inputs, configs, count=splits)
     pruned: Counter[str] = Counter(screened)
-    if unsplit:
-        pruned[NO_SPLIT] += unsplit
-    bounded = [bound_candidate(inputs, c) for c in candidates]
+
+    def late() -> bool:
+        return deadline is not None and time.perf_counter() > deadline
+
+    cache: dict[Job, list[tuple[int, ...]]] = {}
+    bounded: list[Bounded] = []
+    variants: list[Candidate] = []  # with recompute or offload: bounded after the others
+    for n, config in enumerate(configs):
+        if late():
+            pruned[NOT_PREPARED] += len(configs) - n
+            break
+        candidates, unsplit = split_layers(inputs, [config], count=splits, cache=cache)
+        if unsplit:
+            pruned[NO_SPLIT] += unsplit
+        for c in candidates:
+            if c.recompute or c.offload:
+                variants.append(c)
+            else:
+                bounded.append(bound_candidate(inputs, c))
+    for n, c in enumerate(variants):
+        if late():
+            pruned[NOT_PREPARED] += len(variants) - n
+            break
+        bounded.append(bound_candidate(inputs, c))
     for b in bounded:
         if b.infeasible is not None:
             pruned[f"infeasible: {b.infeasible}"] += 1
@@ -132,11 +170,12 @@ def plan(
         executor if executor is not None else make_executor(workers=workers, ray=ray, stop=stop)
     )
     try:
-        enumeration, bounded, pruned = prepare(inputs, pins, splits=splits)
+        ready = started + PREPARE_SHARE * time_limit
+        enumeration, bounded, pruned = prepare(inputs, pins, splits=splits, deadline=ready)
         found, defaults = _search(
-            inputs, pins, bounded, pruned, runner, started=started, time_limit=time_limit,
-            keep=keep, seed=seed, threads=threads, refine_top=refine_top, progress=progress,
-            stop=stop,
+            inputs, pins, bounded, pruned, runner, configs=enumeration.configs,
+            started=started, time_limit=time_limit, keep=keep, seed=seed, threads=threads,
+            refine_top=refine_top, progress=progress, stop=stop,
         )  # fmt: skip
     finally:
         if owned:
@@ -154,19 +193,23 @@ def plan(
 
 def _search(
     inputs: PlanInputs, pins: Pins, bounded: list[Bounded], pruned: Counter[str],
-    runner: Executor, *,
+    runner: Executor, *, configs: Sequence[Candidate],
     started: float, time_limit: float, keep: int, seed: int, threads: int, refine_top: int,
     progress: ProgressFn | None, stop: StopToken,
 ) -> tuple[SearchResult, list[Scored]]:  # fmt: skip
-    """Steps 4 and 5: screen the survivors best-bound first, run the defaults beside the
-    best, refine the best with the time left."""
+    """Steps 4 and 5: the simple points first (:mod:`pp_opt.planner.simple`), then the
+    survivors best-bound first, run the defaults beside the best, refine the best with the
+    time left."""
     end = started + time_limit * (1 - FINISH_MARGIN)
     feasible = sum(b.infeasible is None for b in bounded)
     short = short_limit(time_limit, feasible, runner.workers)
+    most = int(SIMPLE_SHARE * SCREEN_SHARE * time_limit * runner.workers / short)
+    simple = simple_points(inputs, configs, bounded, most=most)
     found = solve_survivors(
         inputs, bounded, runner, short=short, deadline=started + SCREEN_SHARE * time_limit,
         keep=keep, seed=seed, threads=threads, started=started,
         total=len(bounded) + pruned[NO_SPLIT], pruned=pruned, progress=progress, stop=stop,
+        first=simple,
     )  # fmt: skip
     ranked = sorted((s for s in found.scored if s.ok), key=Scored.sort_key)
     defaults: list[Scored] = []

@@ -80,7 +80,8 @@ def plan_report(plan: Plan, *, top: int = 10) -> str:
     lines = [
         f"plan: {i.model.name} on {i.gpus} x {i.hardware.name}, global batch {i.global_batch}, "
         f"seq {i.seq}: {plan.configurations} configurations, {len(plan.candidates)} candidates "
-        f"ranked, {sum(plan.pruned.values())} pruned, {plan.seconds:.1f} s"
+        f"ranked, {sum(plan.pruned.values())} pruned ({plan.unsolved} left unsolved by the time "
+        f"limit), {plan.seconds:.1f} s"
     ]
     rows = [list(HEADER)]
     for rank, s, alike in _distinct(plan.candidates)[:top]:

@@ -47,6 +47,14 @@ class Plan:
     """Training-job settings of the best candidate (torchtitan keys, Megatron-LM flags)."""
 
     @property
+    def unsolved(self) -> int:
+        """Candidates the time limit (or an interruption) left unsolved (configurations it
+        left unsplit count once each)."""
+        from pp_opt.planner.search import NOT_PREPARED, NOT_SOLVED_INTERRUPTED, PRUNED_BY_TIME
+
+        return sum(self.pruned[k] for k in (NOT_PREPARED, PRUNED_BY_TIME, NOT_SOLVED_INTERRUPTED))
+
+    @property
     def best(self) -> Scored | None:
         return self.candidates[0] if self.candidates else None
 
@@ -76,6 +84,7 @@ class Plan:
                 "candidates": evaluated + sum(self.pruned.values()),
                 "evaluated": evaluated,
                 "pruned": sum(self.pruned.values()),
+                "unsolved": self.unsolved,
                 "skipped": sum(self.skipped.values()),
             },
             "seconds": self.seconds,

@@ -20,18 +20,24 @@ from dataclasses import replace
 
 from pp_opt.job import Job
 from pp_opt.planner.config import Candidate, PlanInputs
+from pp_opt.planner.split import fits_in_total, memory_fits
 from pp_opt.profiler.analytic import (
     UnitCosts,
     expert_bytes_per_param,
     job_bytes_per_param,
     unit_costs,
 )
+from pp_opt.profiler.stacks import load_stack_card
 
 LARGE_SEARCH = 1000
 """Configurations a plan splits and bounds at most; beyond it, the best split-free estimates
 (on DeepSeek-V3's 139k configurations, 2000 left too little solve time for each)."""
 TOO_LARGE = "not screened: beyond the best split-free estimates of a large search"
 NO_ROOM = "infeasible: the devices together cannot hold one microbatch per stage"
+DOMINATED = (
+    "not screened: a twin that computes no more (no recompute or offload, lighter "
+    "checkpointing, plain data parallelism) fits the classic schedule"
+)
 
 
 def _unit_key(job: Job) -> Job:
@@ -71,16 +77,64 @@ def _bubble(job: Job) -> float:
     return 1.0 + (job.pp - 1) / (job.microbatches * job.v)
 
 
+def _twins(config: Candidate, modes: Sequence[str]) -> list[Candidate]:
+    """The configurations that ``config`` is worth trying only when none of them fits the
+    classic schedule's memory: the same without recompute and offload; the same with a
+    checkpointing mode that recomputes less (earlier in the stack's ``modes``); the same on
+    plain data parallelism (``dp_shard = 1``, optimizer sharded or not) instead of FSDP.
+    Each runs the same layers at no more compute and, where it fits, no more memory
+    pressure; FSDP's gathers and reduce-scatters cost what DP's all-reduce does or more."""
+    job, out = config.job, []
+    if config.recompute or config.offload:
+        out.append(replace(config, recompute=False, offload=False))
+    plain = replace(config, recompute=False, offload=False)
+    if job.ac in modes:
+        out += [replace(plain, job=replace(job, ac=mode)) for mode in modes[: modes.index(job.ac)]]
+    if job.dp_shard > 1 and job.dp_shard == job.dp:
+        for sharded in (True, False):
+            flat = replace(job, dp_shard=1, dp_replicate=0, optimizer_sharding=sharded,
+                           fp8_all_gather=None)  # fmt: skip
+            out.append(replace(plain, job=flat))
+    return out
+
+
+class _Memory:
+    """Split models of configurations, made once each: whether some split fits at one
+    microbatch per stage, and at the placement's classic in-flight counts."""
+
+    def __init__(self, inputs: PlanInputs) -> None:
+        self.inputs = inputs
+        self._fits: dict[Job, tuple[bool, bool]] = {}
+
+    def fits(self, job: Job) -> tuple[bool, bool]:
+        """``(fits at one microbatch per stage, fits the classic schedule)``."""
+        if job not in self._fits:
+            from pp_opt.planner.candidates import config_split_model
+
+            model = config_split_model(self.inputs, job)
+            least = fits_in_total(model) and memory_fits(model, (1,) * model.stages)
+            self._fits[job] = (least, least and memory_fits(model, model.k))
+        return self._fits[job]
+
+    def dominated(self, config: Candidate, modes: Sequence[str], present: set[Candidate]
+                  ) -> bool:  # fmt: skip
+        return any(twin in present and self.fits(twin.job)[1]
+                   for twin in _twins(config, modes))  # fmt: skip
+
+
 def screen(
     inputs: PlanInputs, configs: Sequence[Candidate], *, keep: int = LARGE_SEARCH
 ) -> tuple[list[Candidate], dict[str, int]]:
-    """``configs`` as they are when there are at most ``keep``; else the ``keep`` with the
-    least split-free estimates (in their order), and the others counted by reason."""
+    """``configs`` as they are when there are at most ``keep``; else, in the order of their
+    split-free estimates, the first ``keep`` that some split fits (the split model's memory
+    rows at one microbatch per stage) and that no twin dominates (:func:`_twins`: one that
+    computes no more fits the classic schedule), best estimate first; the others counted by
+    reason."""
     if len(configs) <= keep:
         return list(configs), {}
     cache: dict[Job, UnitCosts] = {}
     bounds: list[tuple[float, int]] = []
-    dropped = {NO_ROOM: 0, TOO_LARGE: 0}
+    dropped = {NO_ROOM: 0, DOMINATED: 0, TOO_LARGE: 0}
     for i, config in enumerate(configs):
         key = _unit_key(config.job)
         if key not in cache:
@@ -89,9 +143,20 @@ def screen(
         if bound is None:
             dropped[NO_ROOM] += 1
         else:
-            bounds.append((bound, i))
-    bounds = [(bound * _bubble(configs[i].job), i) for bound, i in bounds]
+            bounds.append((bound * _bubble(config.job), i))
     bounds.sort()
-    chosen = sorted(i for _, i in bounds[:keep])
-    dropped[TOO_LARGE] = max(0, len(bounds) - keep)
+    memory = _Memory(inputs)
+    present = set(configs)
+    chosen: list[int] = []
+    for n, (_, i) in enumerate(bounds):
+        if len(chosen) == keep:
+            dropped[TOO_LARGE] = len(bounds) - n
+            break
+        config = configs[i]
+        if config.job.stages > 1 and not memory.fits(config.job)[0]:
+            dropped[NO_ROOM] += 1
+        elif memory.dominated(config, load_stack_card(config.job.stack).ac_modes, present):
+            dropped[DOMINATED] += 1
+        else:
+            chosen.append(i)
     return [configs[i] for i in chosen], {k: v for k, v in dropped.items() if v}

@@ -35,6 +35,7 @@ PRUNED_BY_TIME = "time limit reached before it was solved"
 PRUNED_BY_MEMORY = "memory not binding without recompute or offload"
 PRUNED_BY_CHECKPOINTING = "memory not binding without activation checkpointing"
 NOT_SOLVED_INTERRUPTED = "interrupted before it was solved"
+NOT_PREPARED = "time limit reached before it was split or bounded"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +74,11 @@ def _order(b: Bounded) -> tuple[object, ...]:
     return (c.recompute or c.offload, round(b.step_bound, 6), c.key())
 
 
+def _solved_as(candidate: Candidate) -> Candidate:
+    """The candidate as its problem goes (its origin aside)."""
+    return replace(candidate, origin="split")
+
+
 def _plain(candidate: Candidate) -> Candidate:
     """The same candidate without recompute and offload."""
     return replace(candidate, recompute=False, offload=False)
@@ -81,7 +87,7 @@ def _plain(candidate: Candidate) -> Candidate:
 def _unchecked(candidate: Candidate) -> Candidate:
     """The candidate's configuration without checkpointing, switches or layer split."""
     job = replace(candidate.job, ac="none", full_layers=(), layers=())
-    return replace(candidate, job=job, recompute=False, offload=False)
+    return replace(candidate, job=job, recompute=False, offload=False, origin="split")
 
 
 def _kth_best(scored: Sequence[Scored], keep: int) -> float:
@@ -109,12 +115,19 @@ def solve_survivors(
     pruned: Counter[str] | None = None,
     progress: ProgressFn | None = None,
     stop: StopToken | None = None,
+    first: Sequence[Bounded] = (),
 ) -> SearchResult:
-    """Solve the feasible ``bounded`` candidates best-bound first, pruning by ``keep``."""
+    """Solve the feasible ``first`` candidates (the simple points), then the feasible
+    ``bounded`` ones, each best-bound first, pruning by ``keep``; a candidate of
+    ``bounded`` that is one of ``first`` is solved once, with them."""
     started = time.perf_counter() if started is None else started
     out = SearchResult(pruned=Counter(pruned or {}))
-    queue = sorted((b for b in bounded if b.infeasible is None), key=_order)
-    total = len(bounded) if total is None else total
+    ahead = sorted((b for b in first if b.infeasible is None), key=_order)
+    points = {_solved_as(b.candidate) for b in ahead}
+    rest = [b for b in bounded if b.infeasible is None and _solved_as(b.candidate) not in points]
+    queue = ahead + sorted(rest, key=_order)
+    twice = sum(b.infeasible is None for b in bounded) - len(rest)  # simple points already
+    total = (len(bounded) if total is None else total) + len(ahead) - twice
 
     def report() -> None:
         if progress is not None:
@@ -140,7 +153,7 @@ def solve_survivors(
             if item.step_bound > _kth_best(out.scored, keep) + 1e-9:
                 out.pruned[PRUNED_BY_BOUND] += 1
                 continue
-            twin = plain.get(_plain(item.candidate))
+            twin = plain.get(_solved_as(_plain(item.candidate)))
             if twin is not None and twin.ok and not twin.memory_bound:
                 out.pruned[PRUNED_BY_MEMORY] += 1
                 continue
@@ -158,7 +171,7 @@ def solve_survivors(
         if executor.pending():
             result = executor.next_done()
             out.scored.append(result)
-            plain[result.candidate] = result
+            plain[_solved_as(result.candidate)] = result
             if result.ok and not result.memory_bound and result.job.ac == "none":
                 roomy.add(_unchecked(result.candidate))
             log.debug("%s: %s %s", result.candidate.label(), result.status,

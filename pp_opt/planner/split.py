@@ -98,6 +98,15 @@ class SplitModel:
     """Cap per device (MiB)."""
     k: tuple[int, ...]
     """Microbatches in flight per stage at the reference level."""
+    reserved: tuple[int, ...] = ()
+    """Per device, memory beside its layers' state and activations that no split moves (MiB,
+    a correction where negative; empty: none): receive buffers, the output logits, a
+    backward's transients, the allocator's cached buffers
+    (:func:`pp_opt.planner.candidates.config_split_model`)."""
+
+    def held(self, d: int) -> int:
+        """Device ``d``'s :attr:`reserved` memory (MiB)."""
+        return self.reserved[d] if self.reserved else 0
 
     @property
     def stages(self) -> int:
@@ -138,7 +147,7 @@ class SplitModel:
 
     def memory(self, split: Sequence[int], k: Sequence[int]) -> list[int]:
         """Per device: static plus ``k_s x m_b(s)`` over its stages (MiB)."""
-        need = [0] * self.p
+        need = [self.held(d) for d in range(self.p)]
         for s, n in enumerate(split):
             cost = self.stage(s, n)
             need[self.devices[s]] += cost[4] + k[s] * cost[3]
@@ -224,7 +233,7 @@ def best_split(
             drain = sum(stage[s][1] for s in range(s0)) + stage[0][2] + hops
             cp.add(rows >= fill + fb + drain)
         cp.add(t >= fb + w + (model.p - 1) * largest)
-        cp.add(sum(stage[s][4] + k[s] * stage[s][3] for s in mine) <= model.room)
+        cp.add(sum(stage[s][4] + k[s] * stage[s][3] for s in mine) + model.held(d) <= model.room)
     cp.add(t >= rows)
     for other in exclude:
         differs = [cp.new_bool_var(f"x{s}") for s in range(model.stages)]
@@ -277,7 +286,8 @@ def fits_in_total(model: SplitModel) -> bool:
     same): a split-free test that spares the split model the configurations no split fits."""
     per_layer = model.layer[3] + model.layer[4]
     ends = model.first[3] + model.first[4] + model.last[3] + model.last[4]
-    return model.layers * per_layer + ends <= model.p * model.room
+    held = sum(model.held(d) for d in range(model.p))
+    return model.layers * per_layer + ends + held <= model.p * model.room
 
 
 def memory_fits(model: SplitModel, k: Sequence[int]) -> bool:
@@ -289,7 +299,7 @@ def memory_fits(model: SplitModel, k: Sequence[int]) -> bool:
     most = 0
     for d in range(model.p):
         mine = [s for s in range(model.stages) if model.devices[s] == d]
-        used = sum(static + k[s] * m_b for s in mine)
+        used = model.held(d) + sum(static + k[s] * m_b for s in mine)
         used += sum(model.first[4] + k[0] * model.first[3] for s in mine if s == 0)
         last = model.stages - 1
         used += sum(model.last[4] + k[last] * model.last[3] for s in mine if s == last)
