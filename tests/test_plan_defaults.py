@@ -7,13 +7,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from plan_helpers import ScoringExecutor
 
 from pp_opt.errors import ProblemError
 from pp_opt.frameworks import torchtitan as titan
 from pp_opt.job import Job
 from pp_opt.planner.baselines import baseline_candidates
 from pp_opt.planner.config import Candidate, Pins, PlanInputs
-from pp_opt.planner.evaluate import EvaluationTask, Scored, evaluate
+from pp_opt.planner.evaluate import EvaluationTask, evaluate
 from pp_opt.profiler.cards import GIB, load_hardware_card, load_model_card
 from pp_opt.profiler.stacks import load_stack_card
 
@@ -111,27 +112,11 @@ def test_an_infeasible_candidate_names_its_largest_term() -> None:
     assert lines[0].startswith("out of memory (1;") and got.largest_term in lines[1]
 
 
-class _Scripted:
-    """An executor that scores each candidate by a script: (step time, memory bound) per
-    checkpointing mode, with no solve."""
-
-    def __init__(self, script: dict[str, tuple[float, bool]]) -> None:
-        self.workers, self.script, self.done, self.submitted = 1, script, [], []
-
-    def submit(self, job: EvaluationTask) -> None:
-        step, bound = self.script[job.candidate.job.ac]
-        self.submitted.append(job.candidate.job.ac)
-        self.done.append(Scored(candidate=job.candidate, order=job.order, status="optimal",
-                                step_time=step, memory_bound=bound))  # fmt: skip
-
-    def next_done(self) -> Scored:
-        return self.done.pop(0)
-
-    def pending(self) -> int:
-        return len(self.done)
-
-    def close(self) -> None:
-        pass
+def _scripted(script: dict[str, tuple[float, bool]]) -> ScoringExecutor:
+    """Scores each candidate by a script: (step time, memory bound) per checkpointing mode;
+    records the modes solved."""
+    return ScoringExecutor(lambda job: script[job.candidate.job.ac],
+                           lambda job: job.candidate.job.ac)  # fmt: skip
 
 
 @pytest.mark.parametrize(("bound", "solved"), [(False, ["none"]), (True, ["none", "full"])])
@@ -145,7 +130,7 @@ def test_checkpointing_is_pruned_where_memory_does_not_bind(bound: bool, solved:
     inputs = PlanInputs(model=card, hardware=hw, gpus=512, global_batch=256, seq=8192)
     plain = _best(layers=(8,) * 15 + (6,))
     full = replace(plain, job=replace(plain.job, ac="full", layers=(7,) + (8,) * 14 + (7,)))
-    runner = _Scripted({"none": (100.0, bound), "full": (90.0, False)})
+    runner = _scripted({"none": (100.0, bound), "full": (90.0, False)})
     found = solve_survivors(inputs, [Bounded(candidate=plain, step_bound=50.0),
                                      Bounded(candidate=full, step_bound=60.0)], runner,
                             short=5.0, deadline=time.perf_counter() + 60)  # fmt: skip

@@ -7,11 +7,12 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+from plan_helpers import ScoringExecutor
+
 import pp_opt
 from pp_opt.frameworks import torchtitan as titan
 from pp_opt.planner import Pins
 from pp_opt.planner.config import Candidate, PlanInputs
-from pp_opt.planner.evaluate import EvaluationTask, Scored
 from pp_opt.planner.problems import Bounded, bound_candidate
 from pp_opt.planner.search import PRUNED_BY_TIME, solve_survivors
 from pp_opt.planner.simple import SIMPLE, degrees, simple_points
@@ -46,25 +47,10 @@ def test_the_simple_points_are_every_placement_v_and_microbatch_size_with_an_eve
         assert degrees(job) == degrees(plain[0].job)
 
 
-class _Recorder:
-    """An executor that scores each candidate by its layer split's first stage, no solve."""
-
-    def __init__(self) -> None:
-        self.workers, self.submitted, self.done = 1, [], []
-
-    def submit(self, job: EvaluationTask) -> None:
-        self.submitted.append(job.candidate)
-        self.done.append(Scored(candidate=job.candidate, order=job.order, status="optimal",
-                                step_time=100.0 + job.candidate.job.layers[0]))  # fmt: skip
-
-    def next_done(self) -> Scored:
-        return self.done.pop(0)
-
-    def pending(self) -> int:
-        return len(self.done)
-
-    def close(self) -> None:
-        pass
+def _recorder() -> ScoringExecutor:
+    """Scores each candidate by its layer split's first stage; records the candidates."""
+    return ScoringExecutor(lambda job: (100.0 + job.candidate.job.layers[0], False),
+                           lambda job: job.candidate)  # fmt: skip
 
 
 def test_simple_points_are_solved_first_and_once() -> None:
@@ -74,14 +60,14 @@ def test_simple_points_are_solved_first_and_once() -> None:
                      step_bound=bound)
              for layers, bound in (((2, 4), 1.0), ((3, 3), 2.0))]  # fmt: skip
     simple = Bounded(candidate=replace(split[1].candidate, origin=SIMPLE), step_bound=2.0)
-    runner = _Recorder()
+    runner = _recorder()
     found = solve_survivors(INPUTS, split, runner, short=1.0, keep=5, first=[simple],
                             deadline=time.perf_counter() + 60)  # fmt: skip
     assert [c.origin for c in runner.submitted] == [SIMPLE, "split"]  # the twin once
     assert [c.job.layers for c in runner.submitted] == [(3, 3), (2, 4)]
     assert len(found.scored) == 2
     # no time left: everything after the simple points is counted as unsolved
-    runner = _Recorder()
+    runner = _recorder()
     found = solve_survivors(INPUTS, split, runner, short=1.0, keep=5, first=[simple],
                             deadline=time.perf_counter() - 1)  # fmt: skip
     assert found.pruned[PRUNED_BY_TIME] == 2

@@ -135,14 +135,19 @@ def _cases(work: Path, trainings: dict[str, dict[str, Any]]) -> list[dict[str, A
     return cases
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Every plan, export and torchtitan run of this module, once."""
+def _require_torchtitan() -> None:
+    """Skip without torchtitan's environment; in CI its absence is a failure."""
     if not TT_PYTHON.exists():
         message = f"no torchtitan environment at {TT_PYTHON}: run `make torchtitan-venv`"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every plan, export and torchtitan run of this module, once."""
+    _require_torchtitan()
     started = time.perf_counter()
     work = tmp_path_factory.mktemp("torchtitan")
     (work / "debug.toml").write_text(DEBUG_CARD)

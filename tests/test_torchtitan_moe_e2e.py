@@ -42,13 +42,19 @@ it with the dense test.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from typing import Any
 
 import pytest
-from test_torchtitan_e2e import LAUNCHER, ROOT, TT_PYTHON, _pp_opt, _torchrun
+from test_torchtitan_e2e import (
+    LAUNCHER,
+    ROOT,
+    TT_PYTHON,
+    _pp_opt,
+    _require_torchtitan,
+    _torchrun,
+)
 
 pytestmark = [pytest.mark.torchtitan, pytest.mark.slow]
 
@@ -85,12 +91,7 @@ def _cases() -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The plan, profile, baselines, exports and the torchtitan runs, once."""
-
-    if not TT_PYTHON.exists():
-        message = f"no torchtitan environment at {TT_PYTHON}: run `make torchtitan-venv`"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    _require_torchtitan()
     started = time.perf_counter()
     work = tmp_path_factory.mktemp("torchtitan_moe")
     (work / "card.toml").write_text(CARD.read_text())
