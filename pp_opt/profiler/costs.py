@@ -115,11 +115,11 @@ class CostProfile:
         """Parameters per stage and GPU."""
         return [st.params for st in self.stages]
 
-    def device_params(self) -> list[float]:
-        """Parameters per device and GPU."""
+    def device_params(self, *, experts: bool = False) -> list[float]:
+        """Parameters per device and GPU (its routed experts' only, with ``experts``)."""
         out = [0.0] * self.job.pp
         for st in self.stages:
-            out[st.device] += st.params
+            out[st.device] += st.expert_params if experts else st.params
         return out
 
     def name(self) -> str:

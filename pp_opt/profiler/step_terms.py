@@ -171,7 +171,5 @@ def profile_fsdp_exposed_ms(profile: CostProfile) -> float:
 
 def profile_optimizer_ms(profile: CostProfile) -> float:
     """The optimizer step of the profile's device with the most parameters."""
-    experts = [0.0] * profile.job.pp
-    for st in profile.stages:
-        experts[st.device] += st.expert_params
-    return optimizer_ms(profile.job, profile.hardware, profile.device_params(), experts)
+    return optimizer_ms(profile.job, profile.hardware, profile.device_params(),
+                        profile.device_params(experts=True))  # fmt: skip
