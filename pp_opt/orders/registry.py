@@ -13,7 +13,12 @@ from pp_opt.orders.common import OrderGenerator
 from pp_opt.orders.greedy.zb_greedy import zb_greedy
 from pp_opt.orders.greedy.zb_v_greedy import zb_v_greedy
 from pp_opt.orders.memory.controllable_memory import v_half, v_min
-from pp_opt.orders.memory.list_schedules import fallback, greedy_bfw, greedy_lazy_w
+from pp_opt.orders.memory.list_schedules import (
+    fallback,
+    greedy_bfw,
+    greedy_bfw_limited,
+    greedy_lazy_w,
+)
 from pp_opt.orders.memory.pipeoffload import pipeoffload
 from pp_opt.orders.patterns.classic import gpipe, interleaved_1f1b, one_f_one_b
 from pp_opt.orders.patterns.overlapped import (
@@ -91,6 +96,11 @@ REGISTRY: dict[str, Entry] = {
     "greedy-bfw": _rule(greedy_bfw, "memory-aware list schedule: B, F, then W", offload_base=True),
     "greedy-lazy-w": _rule(
         greedy_lazy_w, "memory-aware list schedule, W deferred", offload_base=True
+    ),  # fmt: skip
+    "greedy-bfw-limited": _rule(
+        greedy_bfw_limited,
+        "memory-aware list schedule, the in-flight limit that times best",
+        "deadline",
     ),  # fmt: skip
     "zb-greedy": _rule(zb_greedy, "Zero Bubble cost-aware greedy, tuned (loop)", "deadline"),
     "zb-v-greedy": _rule(

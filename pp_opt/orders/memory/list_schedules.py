@@ -11,6 +11,7 @@ start a forward whenever memory allows, and may get stuck.
 from __future__ import annotations
 
 import heapq
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from pp_opt.errors import NoOrderError
 from pp_opt.ops import OpKey, OpKind, Stream, stream_of
 from pp_opt.order import Order, Variant
 from pp_opt.problem import Problem
+from pp_opt.simulator import simulate
 
 _PRIORITY = {OpKind.B: 0, OpKind.BW: 0, OpKind.R: 0, OpKind.W: 1, OpKind.F: 2}
 _BFW = {OpKind.B: 0, OpKind.BW: 0, OpKind.F: 1, OpKind.W: 2}
@@ -88,6 +90,43 @@ def _greedy(problem: Problem, name: str, *, lazy_w: bool) -> Order:
             label = name + ("-reserve" if reserve else "")
             return Order(problem=problem, streams=streams, variant=variant, name=label)
     raise NoOrderError(name, "every device is full and waiting (the rule got stuck)")
+
+
+IN_FLIGHT_LIMITS = (2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48)
+"""The in-flight limits :func:`greedy_bfw_limited` tries first (then the neighbours of the
+best): a geometric-ish sweep, a list schedule each."""
+
+
+def greedy_bfw_limited(problem: Problem, *, deadline: float | None = None) -> Order:
+    """:func:`greedy_bfw` with at most ``k`` microbatches in flight, the ``k`` that times
+    best. Under a tight cap a forward taken whenever memory allows fills a device with early
+    chunks and starves its later ones (or deadlocks); the limit admits microbatches at the
+    rate the memory sustains (DeepSeek-V3, tp4 pp8 v2 m64, 76 GiB: 6471 -> 6297 ms)."""
+    variant = _compute_only(problem)
+    dag = dag_for(problem, variant)
+    timed: dict[int, tuple[float, StreamLists]] = {}
+
+    def attempt(k: int) -> None:
+        if k in timed or not 1 < k < problem.m:
+            return
+        streams = _list_order(problem, dag, k, priority=_BFW, memory_aware=True)
+        if streams is not None:
+            order = Order(problem=problem, streams=streams, variant=variant)
+            timed[k] = simulate(order, dag=dag).objective_value(), streams
+
+    for k in IN_FLIGHT_LIMITS:
+        if deadline is not None and timed and time.perf_counter() > deadline:
+            break
+        attempt(k)
+    if timed:
+        best = min(timed, key=lambda k: timed[k][0])
+        attempt(best - 1)
+        attempt(best + 1)
+    if not timed:
+        raise NoOrderError("greedy-bfw-limited", "every in-flight limit got stuck")
+    k = min(timed, key=lambda k: timed[k][0])
+    return Order(problem=problem, streams=timed[k][1], variant=variant,
+                 name=f"greedy-bfw-limited-k{k}", settings={"in_flight": k})  # fmt: skip
 
 
 def _compute_only(problem: Problem) -> Variant:
