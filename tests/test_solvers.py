@@ -40,6 +40,18 @@ def test_one_device_is_its_load():
     check(result, problem)
 
 
+def test_a_fused_warm_start_proved_optimal_is_taken_as_it_is(caplog):
+    """The backend hands back a fused warm start it proves optimal on a split problem (one
+    microbatch on one device: GPipe's F, BW); the entry checks it in its own variant."""
+    problem = uniform_problem(p=1, m=1, t_f=1.0, t_b=1.0, t_w=1.0)
+    result = solve(problem, solver="cpsat", time_limit=5)
+    assert "rejected" not in caplog.text
+    assert result.status == "optimal"
+    assert result.schedule.solver.name == "cpsat"
+    assert {op.key.kind for op in result.schedule.ops} == {OpKind.F, OpKind.BW}
+    check(result, problem)
+
+
 def test_zero_latency_reaches_the_bound():
     # Unit costs, no latency, cap 2p: the last device's fill + load + W tail is attainable.
     problem = uniform_problem(p=4, m=8)

@@ -23,6 +23,7 @@ from pp_opt.bounds import check_caps, lower_bound
 from pp_opt.dag import dag_for, op_count
 from pp_opt.errors import PPOptError, ProblemError, TimeLimitError
 from pp_opt.metrics import compute_metrics
+from pp_opt.ops import OpKind
 from pp_opt.order import Variant
 from pp_opt.problem import OBJECTIVES, Problem
 from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo, Status
@@ -429,6 +430,16 @@ def _backend(solver: str) -> Backend:
     return solve_cpsat
 
 
+def _variant_of(problem: Problem, ops: Sequence[ScheduledOp]) -> Variant:
+    """The problem's variant, fused where the ops are: a backend hands back a warm start it
+    proved optimal as it is, and a classic warm start may fuse a split problem's backward."""
+    own = Variant.of_problem(problem)
+    kinds = {k.kind for op in ops for k in (op.key, op.partner) if k is not None}
+    if own.split_backward and OpKind.BW in kinds and OpKind.B not in kinds:
+        return own._replace(split_backward=False)
+    return own
+
+
 def _checked(problem: Problem, result: BackendResult, solver: str) -> Schedule | None:
     """The backend's ops re-timed with exact durations and validated; None if unusable."""
     if not result.ops:
@@ -436,7 +447,7 @@ def _checked(problem: Problem, result: BackendResult, solver: str) -> Schedule |
     ops: tuple[ScheduledOp, ...] = result.ops
     info = SolverInfo(name=solver, status=result.status, objective=0.0)
     raw = Schedule(problem=problem, ops=ops, solver=info, metrics=compute_metrics(problem, ops),
-                   variant=Variant.of_problem(problem))  # fmt: skip
+                   variant=_variant_of(problem, ops))  # fmt: skip
     try:
         return checked_timing(raw, solver=info)
     except PPOptError as err:
