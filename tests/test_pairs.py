@@ -429,6 +429,12 @@ TINY = {
         0.2,
         overhead=0.1,
     ),  # fmt: skip
+    "one-device": with_comm(  # three microbatches: pairs of F(j+1) with BW(j), by enumeration
+        uniform_problem(p=1, m=3, t_f=1.5, t_b=2.0, t_w=0.0, t_comm=0.1, split_backward=False),
+        0.45,
+        0.4,
+        overhead=0.15,
+    ),  # fmt: skip
 }
 
 
