@@ -21,12 +21,9 @@ import networkx as nx
 from pp_opt.arguments import check_solve
 from pp_opt.bounds import check_caps, lower_bound
 from pp_opt.dag import dag_for, op_count
-from pp_opt.errors import PPOptError, ProblemError, TimeLimitError
-from pp_opt.metrics import compute_metrics
-from pp_opt.ops import OpKind
-from pp_opt.order import Variant
+from pp_opt.errors import ProblemError, TimeLimitError
 from pp_opt.problem import OBJECTIVES, Problem
-from pp_opt.schedule import Schedule, ScheduledOp, SolverInfo, Status
+from pp_opt.schedule import Schedule, SolverInfo, Status
 from pp_opt.solvers.base import (
     BackendResult,
     Progress,
@@ -43,7 +40,7 @@ from pp_opt.solvers.process.isolation import (
 )
 from pp_opt.solvers.process.stop import StopToken, guarded, running_search
 from pp_opt.solvers.result import SolveResult, WarmStart
-from pp_opt.solvers.timing import checked_timing
+from pp_opt.solvers.timing import checked_result
 from pp_opt.solvers.warm import Warm, with_warm_start
 
 if TYPE_CHECKING:
@@ -170,10 +167,11 @@ def solve(
     if solver == "cpsat" and pairs_open(problem):  # without pairs first (pair_phases)
         run = partial(_backend_phase, solver, bound=bound, fluid=False)
         options, warm = unpaired_first(problem, options, warm, end, run,
-                                       partial(_checked, problem, solver=solver))  # fmt: skip
+                                       partial(checked_result, problem, solver=solver))  # fmt: skip
     result = _backend_phase(solver, problem, options, bound, end, fluid=fluid is not None)
     bound = bound if result.bound is None else max(bound, result.bound)
-    chosen = _better(_checked(problem, result, solver), warm, solver, result.status, time_limit)
+    checked = checked_result(problem, result, solver)
+    chosen = _better(checked, warm, solver, result.status, time_limit)
     searched = _search_phase(solver, chosen, options, bound, started, end)
     return _result(solver, searched, options, bound, result, warm, fluid,
                    seconds=time.perf_counter() - started)  # fmt: skip
@@ -428,28 +426,3 @@ def _backend(solver: str) -> Backend:
     from pp_opt.solvers.cpsat import solve_cpsat
 
     return solve_cpsat
-
-
-def _variant_of(problem: Problem, ops: Sequence[ScheduledOp]) -> Variant:
-    """The problem's variant, fused where the ops are: a backend hands back a warm start it
-    proved optimal as it is, and a classic warm start may fuse a split problem's backward."""
-    own = Variant.of_problem(problem)
-    kinds = {k.kind for op in ops for k in (op.key, op.partner) if k is not None}
-    if own.split_backward and OpKind.BW in kinds and OpKind.B not in kinds:
-        return own._replace(split_backward=False)
-    return own
-
-
-def _checked(problem: Problem, result: BackendResult, solver: str) -> Schedule | None:
-    """The backend's ops re-timed with exact durations and validated; None if unusable."""
-    if not result.ops:
-        return None
-    ops: tuple[ScheduledOp, ...] = result.ops
-    info = SolverInfo(name=solver, status=result.status, objective=0.0)
-    raw = Schedule(problem=problem, ops=ops, solver=info, metrics=compute_metrics(problem, ops),
-                   variant=_variant_of(problem, ops))  # fmt: skip
-    try:
-        return checked_timing(raw, solver=info)
-    except PPOptError as err:
-        log.warning("%s result rejected: %s", solver, err)
-        return None
