@@ -92,7 +92,6 @@ REGISTRY: dict[str, Entry] = {
     "zb-h2": _classic(zb_h2, "Zero Bubble ZB-H2, 2p - 1 activations"),
     "zb-v": _classic(zb_v, "Zero Bubble ZB-V, PyTorch's order (v placement)"),
     # Rules that adapt to the costs and the caps (warm starts).
-    "fallback": _rule(fallback, "list schedule that fits any feasible cap", "fraction"),
     "greedy-bfw": _rule(greedy_bfw, "memory-aware list schedule: B, F, then W", offload_base=True),
     "greedy-lazy-w": _rule(
         greedy_lazy_w, "memory-aware list schedule, W deferred", offload_base=True
@@ -102,6 +101,9 @@ REGISTRY: dict[str, Entry] = {
         "memory-aware list schedule, the in-flight limit that times best",
         "deadline",
     ),  # fmt: skip
+    # Last of the rules: it always fits a feasible cap, and is rarely the best; under a
+    # short deadline (a plan's screening solves) the memory-aware rules come first.
+    "fallback": _rule(fallback, "list schedule that fits any feasible cap", "fraction"),
     "zb-greedy": _rule(zb_greedy, "Zero Bubble cost-aware greedy, tuned (loop)", "deadline"),
     "zb-v-greedy": _rule(
         zb_v_greedy, "Zero Bubble ZB-V cost-aware greedy, tuned (v)", "deadline"

@@ -114,11 +114,14 @@ def greedy_bfw_limited(problem: Problem, *, deadline: float | None = None) -> Or
             order = Order(problem=problem, streams=streams, variant=variant)
             timed[k] = simulate(order, dag=dag).objective_value(), streams
 
+    def late() -> bool:
+        return deadline is not None and bool(timed) and time.perf_counter() > deadline
+
     for k in IN_FLIGHT_LIMITS:
-        if deadline is not None and timed and time.perf_counter() > deadline:
+        if late():
             break
         attempt(k)
-    if timed:
+    if timed and not late():
         best = min(timed, key=lambda k: timed[k][0])
         attempt(best - 1)
         attempt(best + 1)
