@@ -41,3 +41,16 @@ def test_the_limited_greedy_is_a_warm_start_and_names_its_limit() -> None:
     found = candidates(_tight_v(4.0))
     assert found[0].name.startswith("greedy-bfw-limited-k")
     assert found[0].objective == pytest.approx(23.6, abs=0.05)
+
+
+def test_a_given_warm_start_competes_with_the_generated_ones() -> None:
+    """A plan refines a candidate from its screening schedule; a generated warm start that
+    is better (here the limited greedy against the fallback) is taken instead."""
+    from pp_opt.solvers import solve
+
+    problem = _tight_v(4.0)
+    given = check_schedule(simulate(get("fallback").generator(problem)))
+    result = solve(problem, time_limit=3, threads=1, seed=0, warm_start=given)
+    assert result.warm_start is not None
+    assert result.warm_start.name.startswith("greedy-bfw-limited")
+    assert result.objective <= 23.6 + 0.05 < given.objective_value()
