@@ -92,7 +92,7 @@ def _greedy(problem: Problem, name: str, *, lazy_w: bool) -> Order:
     raise NoOrderError(name, "every device is full and waiting (the rule got stuck)")
 
 
-IN_FLIGHT_LIMITS = (2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48)
+IN_FLIGHT_LIMITS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
 """The in-flight limits :func:`greedy_bfw_limited` tries first (then the neighbours of the
 best): a geometric-ish sweep, a list schedule each."""
 
@@ -104,10 +104,18 @@ def greedy_bfw_limited(problem: Problem, *, deadline: float | None = None) -> Or
     rate the memory sustains (DeepSeek-V3, tp4 pp8 v2 m64, 76 GiB: 6471 -> 6297 ms)."""
     variant = _compute_only(problem)
     dag = dag_for(problem, variant)
+    unlimited = _ListSchedule(problem, dag, _Rules(priority=_BFW, k=problem.m, memory_aware=True,
+                                                   lazy_w=False, reserve=False))  # fmt: skip
+    if unlimited.run() is not None and not unlimited.blocked:
+        raise NoOrderError("greedy-bfw-limited", "the cap never holds a forward back")
+    # A limit at or above the most the unlimited rule had in flight changes none of its
+    # choices (stuck or not), and below the count whose whole activations fit every device
+    # the cap never binds: only limits between are tried.
+    top, low = unlimited.most_in_flight, max(2, in_flight_limit(problem))
     timed: dict[int, tuple[float, StreamLists]] = {}
 
     def attempt(k: int) -> None:
-        if k in timed or not 1 < k < problem.m:
+        if k in timed or not low <= k < top:
             return
         streams = _list_order(problem, dag, k, priority=_BFW, memory_aware=True)
         if streams is not None:
@@ -117,7 +125,7 @@ def greedy_bfw_limited(problem: Problem, *, deadline: float | None = None) -> Or
     def late() -> bool:
         return deadline is not None and bool(timed) and time.perf_counter() > deadline
 
-    for k in IN_FLIGHT_LIMITS:
+    for k in (low, *IN_FLIGHT_LIMITS):
         if late():
             break
         attempt(k)
@@ -200,6 +208,9 @@ class _ListSchedule:
         self.pools: list[dict[int, list[Any]]] = [{c: [] for c in classes} for _ in range(p)]
         self.started: set[int] = set()
         self.in_flight = 0
+        self.blocked = False
+        """Whether the cap ever held a forward back (with ``memory_aware``)."""
+        self.most_in_flight = 0
         self.order: StreamLists = {}
         for key in dag:
             if self.waiting[key] == 0:
@@ -223,6 +234,7 @@ class _ListSchedule:
         device = self.problem.device_of(key.stage)
         rules = self.rules
         if key.kind is OpKind.F and rules.memory_aware and not self.fits(key):
+            self.blocked = True
             return False
         if key.kind is OpKind.W and rules.lazy_w and self.forwards_left[device] > 0:
             return self.memory[device] + self.smallest[device] > self.room[device]
@@ -285,6 +297,7 @@ class _ListSchedule:
             if key.stage == 0:
                 self.started.add(key.microbatch)
                 self.in_flight += 1
+                self.most_in_flight = max(self.most_in_flight, self.in_flight)
         self.memory[device] += nodes[key]["mem_start"] + nodes[key]["mem_end"]
         finish = start + nodes[key]["duration"]
         self.free[device] = finish
