@@ -48,7 +48,8 @@ def chosen_warm_start(
 ) -> tuple[str, Schedule] | None:
     """The first warm start (best objective first) that the validator passes; with offload,
     the next :data:`ALTERNATIVES` candidates go to ``alternatives`` (their compute orders
-    are worth re-placing copies for, :class:`SolveOptions`)."""
+    are worth re-placing copies for, :class:`SolveOptions`). A given schedule is re-timed on
+    the problem and kept unless a generated one is better."""
     if warm_start is False:
         return None
     if warm_start is True:

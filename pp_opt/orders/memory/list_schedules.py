@@ -5,7 +5,8 @@ list schedule that lets at most ``k`` microbatches be in flight fits when ``k`` 
 the per-microbatch peak fits; with ``k = 1`` and the lower stages of each device
 offloaded or recomputed (the cheaper in memory), it reaches exactly that minimum
 (:func:`fallback`). The memory-aware rules (:func:`greedy_bfw`, :func:`greedy_lazy_w`)
-start a forward whenever memory allows, and may get stuck.
+start a forward whenever memory allows, and may get stuck; :func:`greedy_bfw_limited` also caps
+the microbatches in flight, at the limit that times best.
 """
 
 from __future__ import annotations
