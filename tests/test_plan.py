@@ -44,7 +44,8 @@ def small_plan(**options: object) -> Plan:
     had time for: a cut solve is refined from its own schedule and ends at another of the
     problem's optimal schedules, with another peak and, through the gradient all-reduce's
     overlap, another step time. Seven candidates are solved (18 when ``keep`` is large);
-    one of them (three of the 18) is not proved and takes its whole limit."""
+    one of them (three of the 18) ends at a gap of about 1e-4, the rounding of CP-SAT's
+    units (its model proved, :func:`pp_opt.solvers.cpsat.scaling.problem_bound`)."""
     card = model_card_from_dict(TINY, "tiny")
     return pp_opt.plan(
         model=card,

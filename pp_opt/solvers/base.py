@@ -100,3 +100,6 @@ class BackendResult:
     seconds: float
     ops: tuple[ScheduledOp, ...] | None
     """The timed ops of the best schedule found, or None."""
+    rounding: float = 0.0
+    """The largest relative error of the model's rounded times (0: exact): a schedule within
+    about twice that of ``bound`` is all the model can prove (``cpsat.scaling.time_rounding``)."""

@@ -172,7 +172,8 @@ def solve(
     bound = bound if result.bound is None else max(bound, result.bound)
     checked = checked_result(problem, result, solver)
     chosen = _better(checked, warm, solver, result.status, time_limit)
-    searched = _search_phase(solver, chosen, options, bound, started, end)
+    searched = _search_phase(solver, chosen, options, bound, started, end,
+                             within=(1 + result.rounding) ** 2 - 1)  # fmt: skip
     return _result(solver, searched, options, bound, result, warm, fluid,
                    seconds=time.perf_counter() - started)  # fmt: skip
 
@@ -264,14 +265,18 @@ def _search_phase(
     bound: float,
     started: float,
     end: float,
+    *,
+    within: float = 0.0,
 ) -> tuple[Schedule, int, int]:
     """CP-SAT solves get a large-neighbourhood search after the full model (or instead of
     it, when the model is too large to search well): it improves a valid schedule. Returns
-    the best schedule, the windows tried and how many improved it."""
+    the best schedule, the windows tried and how many improved it. A schedule ``within`` its
+    relative gap of the bound is left alone: the gap is the model's rounding of the times,
+    which the search's windows share (a proved rounded model leaves at most that to gain)."""
     if (
         solver == "cpsat"
         and options.warm_start is not None
-        and not _proved(_value(chosen), bound)
+        and not _proved(_value(chosen), bound * (1 + within))
         and end - time.perf_counter() > 0.3
         and not _stopped(options)
     ):

@@ -30,7 +30,7 @@ from pp_opt.solvers.cpsat.fixed_order import as_schedule, fixed_order_model, pro
 from pp_opt.solvers.cpsat.model import CpsatModel, build_model
 from pp_opt.solvers.cpsat.pinned import pinned_copies
 from pp_opt.solvers.cpsat.relaxation import RelaxationBound, device_relaxation_bound
-from pp_opt.solvers.cpsat.scaling import choose_scaling
+from pp_opt.solvers.cpsat.scaling import choose_scaling, problem_bound, time_rounding
 from pp_opt.solvers.cpsat.solution import STATUS, read_ops
 from pp_opt.solvers.process.stop import Search, guarded, handling_signals, running_search
 
@@ -119,16 +119,14 @@ def _solve(
     scale = built.scaling.time
     if not built.complete:  # a window of the pairs: its optimum and bound are not the problem's
         status, bound = (Status.FEASIBLE if status == Status.OPTIMAL else status), None
-    # Rounded costs or memory make the model's bound a bound of another problem.
-    bounds = [bound / scale] if built.scaling.exact and bound is not None else []
-    bounds += [] if relaxed is None else [relaxed.value]
-    return BackendResult(
-        status=status,
-        objective=objective / scale,
-        bound=max(bounds) if bounds else None,
-        seconds=time.perf_counter() - started,
-        ops=ops,
-    )
+    paired = bool(built.vars.pairs)
+    held = None if bound is None else problem_bound(problem, built.scaling, options.objective,
+                                                    bound, paired=paired)  # fmt: skip
+    bounds = [b for b in (held, None if relaxed is None else relaxed.value) if b is not None]
+    return BackendResult(status=status, objective=objective / scale,
+                         bound=max(bounds) if bounds else None,
+                         seconds=time.perf_counter() - started, ops=ops,
+                         rounding=time_rounding(problem, built.scaling))  # fmt: skip
 
 
 def _after_empty_share(

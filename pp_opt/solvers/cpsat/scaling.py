@@ -71,13 +71,19 @@ def _common_unit(values: Iterable[float], scale: float) -> int:
     return max(unit, 1)
 
 
-def choose_scaling(problem: Problem, fractions: Iterable[float] = (1.0,)) -> Scaling:
-    """Decimal scales when the numbers are short decimals (exact), else fine rounding."""
-    fractions = list(fractions)
+def _times(problem: Problem, fractions: list[float]) -> list[float]:
+    """Every duration and latency the model may hold."""
     times = [problem.t_comm]
     for st in problem.stages:
         times += [st.t_f, st.t_b, st.t_w, st.fused_backward, st.t_offload, st.t_reload]
         times += [a * st.t_offload for a in fractions] + [a * st.t_reload for a in fractions]
+    return times
+
+
+def choose_scaling(problem: Problem, fractions: Iterable[float] = (1.0,)) -> Scaling:
+    """Decimal scales when the numbers are short decimals (exact), else fine rounding."""
+    fractions = list(fractions)
+    times = _times(problem, fractions)
     positive = [t for t in times if t > 0] or [1.0]
     time_scale = _exact_decimal_scale(times, max(positive) * 10 * problem.m)
     time_exact = time_scale is not None
@@ -95,3 +101,36 @@ def choose_scaling(problem: Problem, fractions: Iterable[float] = (1.0,)) -> Sca
     if mem_scale is None:
         mem_scale = _MEMORY_RESOLUTION / largest
     return Scaling(time=time_scale, memory=mem_scale, memory_exact=exact, time_exact=time_exact)
+
+
+def time_rounding(problem: Problem, scaling: Scaling) -> float:
+    """The largest relative error of a positive time rounded to model units (0: exact):
+    about ``1 / (2 x 2000)`` with :data:`_TIME_RESOLUTION` units in the shortest one."""
+    if scaling.time_exact:
+        return 0.0
+    scaled = [(v * scaling.time, scaling.t(v)) for v in _times(problem, [1.0]) if v > 0]
+    return max((abs(units - exact) / exact for exact, units in scaled), default=0.0)
+
+
+def problem_bound(problem: Problem, scaling: Scaling, objective: str, bound: float, *,
+                  paired: bool) -> float | None:  # fmt: skip
+    """A lower bound of ``problem`` from ``bound``, one of its model (model units); None where
+    the model's rounding makes it a bound of another problem only.
+
+    With rounded times, an order of the problem lasts at most ``1 + e`` times as long in the
+    model (``e``: :func:`time_rounding`; every duration and latency on its longest path is at
+    most that much longer), so ``bound / (s (1 + e))`` holds for the problem, provided the
+    model accepts each order the problem does: its memory exact, or never binding (each
+    device's activations, every one rounded up, fit its rounded cap), no offload or recompute
+    (their choices and copies have rounded memory of their own), no pairs (rounded pair
+    times), and the makespan (a span is a difference of two times)."""
+    if scaling.exact:
+        return bound / scaling.time
+    if objective != "makespan" or problem.offload or problem.recompute or paired:
+        return None
+    for d in range(problem.p):
+        held = sum(problem.m * (scaling.mem(st.m_b) + 2) for st in problem.stages
+                   if st.device == d)  # fmt: skip
+        if not scaling.memory_exact and held > scaling.cap(problem.activation_room(d)):
+            return None
+    return bound / (scaling.time * (1.0 + time_rounding(problem, scaling)))
