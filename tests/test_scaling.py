@@ -3,8 +3,6 @@ model of rounded units proves of the problem."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from families import exact_family
 
@@ -25,6 +23,10 @@ def test_the_unit_is_the_largest_step_every_duration_takes() -> None:
     # whole numbers that are all even: a unit of two
     even = uniform_problem(p=2, m=2, t_f=2.0, t_b=4.0, t_w=2.0)
     assert choose_scaling(even).time == 0.5
+    # a profile's bytes: whole numbers, their largest common divisor the unit (exact)
+    profiled = choose_scaling(_profiled())
+    assert profiled.memory == 1 / 2048 and profiled.memory_exact
+    assert not choose_scaling(_profiled(odd_memory=True)).memory_exact
     # durations without a short decimal keep the fine rounding (not exact)
     odd = uniform_problem(p=2, m=2, t_f=1 / 3, t_b=1.0, t_w=0.5)
     assert not choose_scaling(odd).time_exact
@@ -56,12 +58,16 @@ PROFILED = (
 )  # fmt: skip
 
 
-def _profiled(*, decimals: int | None = None, cap: float = 81604378624.0) -> Problem:
+def _profiled(*, decimals: int | None = None, cap: float = 81604378624.0,
+              odd_memory: bool = False) -> Problem:  # fmt: skip
     def t(x: float) -> float:
         return x if decimals is None else round(x, decimals)
 
-    stages = tuple(Stage(device=d, t_f=t(f), t_b=t(b), t_w=t(w), m_b=mb, m_w=mw, m_in=mi)
-                   for d, f, b, w, mb, mw, mi in PROFILED)  # fmt: skip
+    def mem(x: float) -> float:  # bytes of no exact scale
+        return x * 1.1 + 0.37 if odd_memory else x
+
+    stages = tuple(Stage(device=d, t_f=t(f), t_b=t(b), t_w=t(w), m_b=mem(mb), m_w=mem(mw),
+                         m_in=mem(mi)) for d, f, b, w, mb, mw, mi in PROFILED)  # fmt: skip
     return Problem(p=2, m=3, placement="loop", t_comm=t(0.011165084444444445), stages=stages,
                    devices=(Device(cap=cap, static=104888320.0),) * 2)  # fmt: skip
 
@@ -73,7 +79,7 @@ def test_a_rounded_model_bounds_the_problem_within_its_rounding() -> None:
     its limit at a 1.3% gap) and HiGHS, on the exact times, proves the same schedule optimal."""
     problem = _profiled()
     units = choose_scaling(problem)
-    assert not units.time_exact and not units.memory_exact
+    assert not units.time_exact and units.memory_exact
     rounding = time_rounding(problem, units)
     assert 0 < rounding < 1e-3
     found = solve(problem, time_limit=20, threads=1, seed=0).schedule
@@ -86,9 +92,12 @@ def test_a_rounded_model_bounds_the_problem_within_its_rounding() -> None:
 
 
 def test_a_cap_that_never_binds_leaves_a_decimal_problem_proved() -> None:
-    """Memory in bytes has no exact scale, but where every activation fits the cap the model's
+    """Memory of no exact scale is rounded, but where every activation fits the cap the model's
     rounded memory rejects no order: with decimal times the model's optimum is the problem's."""
-    found = solve(_profiled(decimals=3), time_limit=20, threads=1, seed=0).schedule
+    problem = _profiled(decimals=3, odd_memory=True)
+    units = choose_scaling(problem)
+    assert units.time_exact and not units.memory_exact
+    found = solve(problem, time_limit=20, threads=1, seed=0).schedule
     assert found.solver.status == "optimal" and found.solver.gap == 0.0
     assert found.metrics.makespan == pytest.approx(0.62)  # HiGHS proves the same optimum
 
@@ -104,12 +113,8 @@ def test_a_rounded_model_says_nothing_where_its_rounding_changes_the_problem() -
         assert problem_bound(changed, units, "makespan", 1000.0, paired=False) is None
     # activations of no exact scale under a cap that holds two of the three microbatches':
     # the model's memory, rounded up against a cap rounded down, may bind where it did not
-    odd = tuple(dataclasses.replace(st, m_b=st.m_b * 1.1 + 0.37, m_w=st.m_w * 1.1 + 0.37)
-                for st in problem.stages)  # fmt: skip
-    room = 2 * 1.1 * (19968000.0 + 9981952.0)
-    tight = problem.replace(
-        stages=odd, devices=(Device(cap=104888320.0 + room, static=104888320.0),) * 2
-    )
+    room = 2 * (1.1 * (19968000.0 + 9981952.0) + 2 * 0.37)
+    tight = _profiled(cap=104888320.0 + room, odd_memory=True)
     units = choose_scaling(tight)
     assert not units.memory_exact
     assert problem_bound(tight, units, "makespan", 1000.0, paired=False) is None
