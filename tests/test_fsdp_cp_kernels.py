@@ -9,6 +9,7 @@ from pp_opt.profiler.cards import load_model_card
 from pp_opt.profiler.context_parallel import kv_block_bytes, ring_attention
 from pp_opt.profiler.formulas import LayerShape
 from pp_opt.profiler.fsdp import (
+    fsdp_shard,
     pipelined_exposed_time,
     ring_bytes,
     ring_time,
@@ -156,3 +157,27 @@ def test_permute_rate_carries_the_gradient_hops() -> None:
     ring = ring_attention(**kw, attention_f_s=0.0, attention_b_s=0.0, serialized=True,
                           permute_gbs=50.0, rotate="alltoall")  # fmt: skip
     assert ring.forward_exposed_s == pytest.approx(3 * block / 50e9)
+
+
+def test_megatron_context_parallel_shares_the_distributed_optimizer_not_fsdp() -> None:
+    """torchtitan shards FSDP over ``dp_shard x cp``; Megatron-Core's CP ranks join the
+    distributed optimizer's data-parallel group instead (no FSDP without ``dp_shard``), so a
+    stage's static memory at CP 2 x DP 4 is the one at DP 8 (the ModelZoo's Qwen3-235B 32k
+    run: 147 GiB of FSDP terms on the last rank before, which called it infeasible)."""
+    from pp_opt.job import Job
+    from pp_opt.profiler.analytic import profile_analytic
+    from pp_opt.profiler.cards import load_hardware_card
+    from pp_opt.profiler.fsdp import fsdp_on
+
+    card, hw = load_model_card("qwen3-235b-a22b"), load_hardware_card("h100-80gb")
+    layers = (2, *[3] * 30, 2)
+    statics = []
+    for cp in (1, 2):
+        job = Job(pp=8, microbatches=64, seq=16384 * cp, tp=4, cp=cp, v=4, ep=8, dp=8 // cp,
+                  dp_replicate=8 // cp, dispatcher="deepep", ac="modules:layernorm,moe",
+                  stack="megatron-core", layers=layers)  # fmt: skip
+        assert not fsdp_on(job)
+        statics.append(profile_analytic(card, hw, job).static)
+    assert statics[0] == pytest.approx(statics[1])
+    titan = Job(pp=1, microbatches=1, seq=65536, cp=2, dp=4, dp_shard=4)
+    assert fsdp_on(titan) and fsdp_shard(titan) == 8

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pp_opt.errors import ProblemError
+from pp_opt.profiler.stacks import load_stack_card
 
 if TYPE_CHECKING:
     from pp_opt.job import Job
@@ -45,7 +46,14 @@ shards the parameters, gradients and optimizer state too, even with ``dp_shard``
 
 
 def fsdp_shard(job: Job) -> int:
-    """The FSDP shard degree of ``job``: ``dp_shard x cp`` (:data:`SHARD_OVER_CP`)."""
+    """The FSDP shard degree of ``job``: ``dp_shard x cp`` (:data:`SHARD_OVER_CP`). A stack
+    with Megatron-Core's distributed optimizer runs FSDP only where ``dp_shard`` asks for it
+    (Megatron FSDP): its context-parallel ranks share the optimizer's shards instead (the
+    optimizer and the gradient reduction use the data-parallel group with context parallel,
+    ``get_data_parallel_group(with_context_parallel=True)``;
+    :func:`pp_opt.profiler.analytic.job_bytes_per_param`)."""
+    if job.dp_shard == 1 and load_stack_card(job.stack).optimizer == "distributed":
+        return 1
     return job.dp_shard * (job.cp if SHARD_OVER_CP else 1)
 
 
