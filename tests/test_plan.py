@@ -305,3 +305,27 @@ def test_training_settings_without_a_csv_name_the_one_to_write(serial: Plan) -> 
     parallelism = settings["torchtitan"]["parallelism"]
     assert parallelism["pipeline_parallel_schedule_csv"] == DEFAULT_CSV
     assert "--format torch-csv" in settings["schedule_csv_note"]
+
+
+def test_the_defaults_take_the_degrees_of_the_best_after_refinement(monkeypatch) -> None:
+    """A refinement that changes the best (here one that makes the last candidate the
+    fastest) gives the defaults its degrees: they are compared with the plan's answer."""
+    import pp_opt.planner.pipeline as pipeline
+    from pp_opt.planner.evaluate import Scored
+
+    def promote(inputs, found, executor, **options) -> None:  # type: ignore[no-untyped-def]
+        ranked = sorted((s for s in found.scored if s.ok), key=Scored.sort_key)
+        ranked[-1].step_time = ranked[0].step_time / 2
+
+    asked = []
+
+    def recorded(best, *args, **options):  # type: ignore[no-untyped-def]
+        asked.append(best)
+        return baseline_candidates(best, *args, **options)
+
+    baseline_candidates = pipeline.baseline_candidates
+    monkeypatch.setattr(pipeline, "refine", promote)
+    monkeypatch.setattr(pipeline, "baseline_candidates", recorded)
+    plan = small_plan(workers=1)
+    assert plan.baselines and asked == [plan.candidates[0].candidate]
+    assert plan.candidates[0].step_time < plan.candidates[1].step_time / 1.5

@@ -57,6 +57,13 @@ def short_limit(time_limit: float, candidates: int, workers: int) -> float:
     return max(low, min(high, share, SCREEN_SHARE * time_limit))
 
 
+BASELINE_JOBS = 6
+"""Solves of the defaults: torchtitan's two schedules and Megatron-LM's, each with its own
+order and with pp_opt's (:func:`pp_opt.planner.baselines.baseline_candidates`)."""
+BASELINE_ROUNDS = 1.2
+"""Screening limits the defaults are kept per round of :data:`BASELINE_JOBS` over the
+workers (a solve overruns its limit by a little)."""
+
 NO_SPLIT = "infeasible: no layer split fits the memory"
 PREPARE_SHARE = 0.2
 """Share of the time limit after which no further configuration is split or bounded (a
@@ -198,8 +205,10 @@ def _search(
     progress: ProgressFn | None, stop: StopToken,
 ) -> tuple[SearchResult, list[Scored]]:  # fmt: skip
     """Steps 4 and 5: the simple points first (:mod:`pp_opt.planner.simple`), then the
-    survivors best-bound first, run the defaults beside the best, refine the best with the
-    time left."""
+    survivors best-bound first, refine the best with the time left but what the defaults
+    need, then run the defaults beside the best after refinement (the plan's answer: a
+    candidate screened first may lose its place, and the defaults compare with the best's
+    degrees)."""
     end = started + time_limit * (1 - FINISH_MARGIN)
     feasible = sum(b.infeasible is None for b in bounded)
     short = short_limit(time_limit, feasible, runner.workers)
@@ -211,13 +220,14 @@ def _search(
         total=len(bounded) + pruned[NO_SPLIT], pruned=pruned, progress=progress, stop=stop,
         first=simple,
     )  # fmt: skip
+    reserve = BASELINE_ROUNDS * short * -(-BASELINE_JOBS // runner.workers)
+    refine(inputs, found, runner, count=refine_top, deadline=end - reserve, seed=seed,
+           threads=threads, stop=stop)  # fmt: skip
     ranked = sorted((s for s in found.scored if s.ok), key=Scored.sort_key)
     defaults: list[Scored] = []
     if ranked and stop.requested is None:
         defaults = _baselines(inputs, pins, ranked[0], runner, short=short, seed=seed,
                               threads=threads, deadline=end)  # fmt: skip
-    refine(inputs, found, runner, count=refine_top, deadline=end, seed=seed, threads=threads,
-           stop=stop)  # fmt: skip
     return found, defaults
 
 
