@@ -151,9 +151,9 @@ def problem_bound(problem: Problem, scaling: Scaling, objective: str, bound: flo
         return bound / scaling.time
     if objective != "makespan" or problem.offload or problem.recompute or paired:
         return None
-    for d in range(problem.p):
+    for d in range(problem.p if not scaling.memory_exact else 0):
         held = sum(problem.m * (scaling.mem(st.m_b) + 2) for st in problem.stages
                    if st.device == d)  # fmt: skip
-        if not scaling.memory_exact and held > scaling.cap(problem.activation_room(d)):
+        if held > scaling.cap(problem.activation_room(d)):
             return None
     return bound / (scaling.time * (1.0 + time_rounding(problem, scaling)))
