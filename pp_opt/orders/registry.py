@@ -17,6 +17,7 @@ from pp_opt.orders.memory.list_schedules import (
     fallback,
     greedy_bfw,
     greedy_bfw_limited,
+    greedy_bfw_older_first,
     greedy_lazy_w,
 )
 from pp_opt.orders.memory.pipeoffload import pipeoffload
@@ -95,6 +96,9 @@ REGISTRY: dict[str, Entry] = {
     "greedy-bfw": _rule(greedy_bfw, "memory-aware list schedule: B, F, then W", offload_base=True),
     "greedy-lazy-w": _rule(
         greedy_lazy_w, "memory-aware list schedule, W deferred", offload_base=True
+    ),  # fmt: skip
+    "greedy-bfw-older-first": _rule(
+        greedy_bfw_older_first, "memory-aware list schedule, room kept for older microbatches"
     ),  # fmt: skip
     "greedy-bfw-limited": _rule(
         greedy_bfw_limited,
