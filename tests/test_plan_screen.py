@@ -133,3 +133,28 @@ def test_prepare_stops_splitting_at_its_deadline_and_counts_the_rest() -> None:
     assert bounded and NOT_PREPARED not in pruned
     _, none, late = prepare(INPUTS, pins, deadline=time.perf_counter() - 1)
     assert none == [] and late[NOT_PREPARED] == len(configs)
+
+
+def test_the_memory_time_bound_holds_where_the_activations_barely_fit() -> None:
+    """Llama 3.1 405B on 512 GPUs at tp8 pp4 (16 microbatches, the optimizer sharded, no
+    checkpointing): the devices' room holds about one microbatch's activations, so Little's
+    law over all devices bounds the makespan above the busiest device's work; the bound
+    stays below every split's (:func:`pp_opt.lower_bound`, whose memory terms are per
+    device and per stage)."""
+    from pp_opt.planner.screen import memory_time_bound
+
+    inputs = PlanInputs(model=load_model_card("llama3.1-405b"),
+                        hardware=load_hardware_card("h100-96gb-500w"), gpus=512,
+                        global_batch=256, seq=8192)  # fmt: skip
+    pins = Pins(recompute=False, offload=False, tp=8, pp=4, mbs=1, ac="none", fp8=True,
+                compile=True, async_tp=True, optimizer_sharding=True, placement="loop")  # fmt: skip
+    configs = [c for c in enumerate_configs(inputs, pins).configs if c.job.v in (2, 4, 11)]
+    candidates, _ = split_layers(inputs, configs, count=1)
+    assert len(candidates) == 3
+    for c in candidates:
+        units = unit_costs(inputs.model, inputs.hardware, _unit_key(c.job))
+        work = split_free_bound(inputs, c.job, units)
+        memory = memory_time_bound(inputs, c.job, units)
+        problem = candidate_problem(c, candidate_profile(inputs, c))
+        assert work is not None and memory > work
+        assert memory <= lower_bound(problem) * (1 + 1e-9)
