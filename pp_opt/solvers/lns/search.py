@@ -143,6 +143,7 @@ def improve(
     if search is not None:
         search.on_stop(lambda: _stop_all(running))
     overhead = 0.0  # a step's time outside its sub-solve (cutting, re-timing, validating)
+    steps = 0
     while True:
         step_started = time.perf_counter()
         left = deadline - step_started - overhead
@@ -153,7 +154,9 @@ def improve(
         low, high, elastic_until = walk.bounds(starts, rng, elastic_ops)
         window = cut_window(best, low, high, elastic_until)
         stats.windows += 1
-        limit = min(walk.step_limit, left)
+        steps += 1
+        # The first step knows no overhead yet: it keeps half the time left for it.
+        limit = min(walk.step_limit, left if steps > 1 else left / 2)
         solving = time.perf_counter()
         result = solve_window(best, window, scaling, waits=order_of(best).waits,
                               time_limit=limit, threads=threads,
@@ -161,12 +164,13 @@ def improve(
         solved = time.perf_counter()
         candidate = _kept(best, result, window, stats, on_improve)
         best = candidate if candidate is not None else best
-        # A step's usual time outside its sub-solve's limit (a running mean) is kept back
-        # from the next limits, so the last step ends about at the deadline, neither
-        # seconds early nor past the grace its process gets (on 18,000 ops it is 1-2 s).
+        # A step's time outside its sub-solve's limit is kept back from the next limits, so
+        # the last step ends about at the deadline, neither seconds early nor past the grace
+        # its process gets (on 18,000 ops it is 1-2 s): a running mean that follows a
+        # longer step at once.
         outside = (solving - step_started) + max(0.0, solved - solving - limit)
         outside += time.perf_counter() - solved
-        overhead = outside if stats.windows == 1 else 0.5 * (overhead + outside)
+        overhead = outside if steps == 1 else max(outside, 0.5 * (overhead + outside))
         walk.step(n, gained=candidate is not None, optimal=result is not None and result.optimal)
         if walk.exhausted(n):
             if stop_when_stale:
