@@ -177,8 +177,8 @@ def screen(
         else:
             # A recompute or offload variant ranks with its twin: the memory term is what
             # it may relieve, at a cost the estimate does not know.
-            memory = memory_time_bound(inputs, config.job, cache[key])
-            bounds.append((max(bound * _bubble(config.job), memory), i))
+            held = memory_time_bound(inputs, config.job, cache[key])
+            bounds.append((max(bound * _bubble(config.job), held), i))
     bounds.sort()
     memory = _Memory(inputs)
     present = set(configs)
