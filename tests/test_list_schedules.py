@@ -124,3 +124,16 @@ def test_room_for_older_microbatches_never_gets_stuck(seed: int) -> None:
                       devices=tuple(Device(cap=cap, static=0.0) for _ in range(p)),
                       t_comm=rng.uniform(0.0, 0.1))  # fmt: skip
     check_schedule(simulate(get("greedy-bfw-older-first").generator(problem)))
+
+
+@pytest.mark.parametrize("name", ["greedy-bfw", "greedy-lazy-w", "greedy-bfw-older-first"])
+def test_a_forward_that_keeps_nothing_leaves_the_list_schedules_working(name: str) -> None:
+    """A chunk may keep no activation (``m_b = 0``); the rules still give valid orders."""
+    from pp_opt.placement import stage_devices
+    from pp_opt.problem import Device, Stage
+
+    stages = tuple(Stage(device=d, t_f=1.0, t_b=1.0, t_w=0.5, m_b=0.0 if s % 2 else 1.0)
+                   for s, d in enumerate(stage_devices("loop", 2, 2)))  # fmt: skip
+    problem = Problem(p=2, m=4, stages=stages, placement="loop",
+                      devices=(Device(cap=2.0, static=0.0),) * 2)  # fmt: skip
+    check_schedule(simulate(get(name).generator(problem)))

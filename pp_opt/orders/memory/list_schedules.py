@@ -220,14 +220,16 @@ class _ListSchedule:
             if key.kind is OpKind.F:
                 self.forwards_left[problem.device_of(key.stage)] += 1
         self.memory = [0.0] * p
-        self.owed: list[dict[int, float]] = [{} for _ in range(p)]
-        """Per device, the activation bytes each microbatch's forwards still allocate there."""
-        for key in dag:
-            if key.kind is OpKind.F:
-                owed = self.owed[problem.device_of(key.stage)]
-                owed[key.microbatch] = owed.get(key.microbatch, 0.0) + float(
-                    dag.nodes[key]["mem_start"]
-                )
+        self.owed: list[dict[int, list[float]]] = [{} for _ in range(p)]
+        """With ``older_first``: per device and microbatch, the activation bytes its forwards
+        still allocate there and how many of them are left."""
+        if rules.older_first:
+            for key in dag:
+                if key.kind is OpKind.F:
+                    owed = self.owed[problem.device_of(key.stage)]
+                    left = owed.setdefault(key.microbatch, [0.0, 0])
+                    left[0] += float(dag.nodes[key]["mem_start"])
+                    left[1] += 1
         self.room = [d.cap - d.static + 1e-9 for d in problem.devices]
         self.smallest = [min(problem.stages[s].m_b for s in problem.stages_on(d)) for d in range(p)]
         self.last_ops = Counter(key.microbatch for key in dag if key.kind is not OpKind.F)
@@ -257,7 +259,7 @@ class _ListSchedule:
         device = self.problem.device_of(key.stage)
         extra = self.above[key.stage] if self.rules.reserve else 0.0
         if self.rules.older_first:
-            extra += sum(b for mb, b in self.owed[device].items() if mb < key.microbatch)
+            extra += sum(b for mb, (b, _) in self.owed[device].items() if mb < key.microbatch)
         return (
             self.memory[device] + float(self.dag.nodes[key]["mem_start"]) + extra
             <= self.room[device]
@@ -327,10 +329,12 @@ class _ListSchedule:
         nodes = self.dag.nodes
         if key.kind is OpKind.F:
             self.forwards_left[device] -= 1
-            owed = self.owed[device]
-            owed[key.microbatch] -= float(nodes[key]["mem_start"])
-            if owed[key.microbatch] <= 1e-9 * max(1.0, self.room[device]):
-                del owed[key.microbatch]
+            left = self.owed[device].get(key.microbatch)
+            if left is not None:  # with older_first
+                left[0] -= float(nodes[key]["mem_start"])
+                left[1] -= 1
+                if left[1] == 0:
+                    del self.owed[device][key.microbatch]
             if key.stage == 0:
                 self.started.add(key.microbatch)
                 self.in_flight += 1
