@@ -136,3 +136,19 @@ def test_checkpointing_is_pruned_where_memory_does_not_bind(bound: bool, solved:
                             short=5.0, deadline=time.perf_counter() + 60)  # fmt: skip
     assert runner.submitted == solved  # another split of the same configuration is its twin
     assert found.pruned[PRUNED_BY_CHECKPOINTING] == (0 if bound else 1)
+
+
+def test_a_default_whose_weights_alone_overflow_is_infeasible_and_says_by_how_much() -> None:
+    """torchtitan's default for DeepSeek-V3 at a plan's degrees (tp4 pp16, FSDP over 4
+    ranks, ep 8) holds more weights, gradients and optimizer state than an 80 GB card: the
+    default is infeasible (not an error) and shows the static bytes against the cap."""
+    card, hw = load_model_card("deepseek-v3"), load_hardware_card("h100-80gb")
+    inputs = PlanInputs(model=card, hardware=hw, gpus=256, global_batch=512, seq=4096)
+    job = Job(tp=4, pp=16, dp_shard=4, ep=8, mbs=1, microbatches=128, seq=4096,
+              stack="automodel", layers=titan.default_layers(card.layers, 16))  # fmt: skip
+    got = evaluate(EvaluationTask(inputs=inputs, candidate=Candidate(job=job, recompute=False,
+                                                                     offload=False),
+                                  order="1F1B", time_limit=2.0, label="torchtitan"))  # fmt: skip
+    assert got.status == "infeasible", got.note
+    name, _, size, _, _, cap = got.largest_term.split()
+    assert name == "static" and float(size) > float(cap) == pytest.approx(hw.usable_bytes / GIB)
