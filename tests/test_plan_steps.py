@@ -373,3 +373,54 @@ def test_no_split_is_solved_for_when_the_devices_together_cannot_hold_the_layers
     assert not fits_in_total(tight) and split_candidates(tight) == []
     ones = (1,) * tight.stages  # the brute force agrees: not even one activation per stage fits
     assert not any(tight.fits(s, ones) for s in _compositions(TINY.layers, tight.stages))
+
+
+def test_refinement_tries_the_best_bounds_then_gives_the_best_the_rest() -> None:
+    """Of four screened candidates, a first round solves the best ``count`` by step time and
+    the ``count`` of the rest with the least step-time bound (here the slowest, at a 30%
+    gap, which the round makes the fastest); a second round, with the rest of the time,
+    solves the best ``count`` after the first."""
+    import time
+
+    from pp_opt.job import Job
+    from pp_opt.planner.config import Candidate
+    from pp_opt.planner.evaluate import Scored
+    from pp_opt.planner.search import SearchResult, refine
+
+    def scored(v: int, step: float, gap: float) -> Scored:
+        job = Job(pp=2, v=v, microbatches=4, seq=1024)
+        return Scored(candidate=Candidate(job=job, recompute=False, offload=False),
+                      order="solve", status="feasible", iteration_makespan=step,
+                      step_time=step, lower_bound=step * (1 - gap), gap=gap)  # fmt: skip
+
+    class Refining:
+        """Each solve takes 1 ms off the candidate's step time, 20 ms off v 4's first."""
+
+        workers = 1
+
+        def __init__(self) -> None:
+            self.submitted: list[tuple[int, float]] = []
+            self.done: list[Scored] = []
+            self.steps = {1: 100.0, 2: 101.0, 3: 102.0, 4: 110.0}
+
+        def submit(self, task) -> None:  # type: ignore[no-untyped-def]
+            v = task.candidate.job.v
+            self.submitted.append((v, task.time_limit))
+            self.steps[v] -= 20.0 if v == 4 and self.steps[v] == 110.0 else 1.0
+            self.done.append(scored(v, self.steps[v], 0.01))
+
+        def next_done(self) -> Scored:
+            return self.done.pop(0)
+
+    for count, first, second in ((3, [1, 2, 3, 4], [4, 1, 2]), (1, [1, 4], [4])):
+        found = SearchResult(scored=[scored(1, 100.0, 0.01), scored(2, 101.0, 0.01),
+                                     scored(3, 102.0, 0.01), scored(4, 110.0, 0.30)])  # fmt: skip
+        executor = Refining()
+        refine(None, found, executor, count=count,  # type: ignore[arg-type]
+               deadline=time.perf_counter() + 100)  # fmt: skip
+        assert [v for v, _ in executor.submitted] == first + second
+        limits = [limit for _, limit in executor.submitted]
+        assert sum(limits[: len(first)]) == pytest.approx(40.0, rel=0.01)
+        # the fake solves take no time: the second round has all 100 s left
+        assert sum(limits[len(first) :]) == pytest.approx(100.0, rel=0.01)
+        assert min(found.scored, key=lambda s: s.step_time).candidate.job.v == 4
