@@ -180,13 +180,6 @@ def solve_survivors(
     return out
 
 
-REFINE_FIRST_SHARE = 0.4
-"""Share of the refinement time its first round takes (every chosen candidate); the rest goes
-to the best ``count`` after it."""
-REFINE_LEAST = 2.0
-"""Seconds a refining solve needs at least."""
-
-
 def refine(
     inputs: PlanInputs,
     result: SearchResult,
@@ -198,64 +191,25 @@ def refine(
     threads: int = 1,
     stop: StopToken | None = None,
 ) -> None:
-    """Solve the best candidates (not proved optimal) again from their schedules with the
-    time left, shared by the executor's workers; keep whichever result is better.
-
-    A short screening solve may leave a candidate far from its bound that a longer one brings
-    ahead of the others (Llama 3.1 405B on 512 GPUs, 600 s: tp8 pp16 v4 was screened at 187
-    tok/s/GPU with a 19.6% gap and never refined; a 120-s plan refined it to 228 at 1.3%,
-    beyond the 600-s plan's best, 209). So a first round gives :data:`REFINE_FIRST_SHARE` of
-    the time to the best ``count`` by step time and the ``count`` of the rest with the least
-    step-time bound (:func:`_potential`), and a second round the rest of it to the best
-    ``count`` after the first; with too little time for both, one round for the best
-    ``count``."""
-    if count < 1 or (stop is not None and stop.requested is not None):
-        return
-    distinct = _distinct(result)
-    best = [s for s in distinct[:count] if s.status != "optimal"]
-    rest = [s for s in distinct[count:] if s.status != "optimal"]
-    promising = sorted(rest, key=lambda s: (_potential(s), s.sort_key()))[:count]
-    rounds = -(-(len(best) + len(promising)) // executor.workers)
-    first = REFINE_FIRST_SHARE * (deadline - time.perf_counter()) / max(rounds, 1)
-    if promising and first >= REFINE_LEAST:
-        _solve_again(inputs, result, executor, best + promising, limit=first, seed=seed,
-                     threads=threads)  # fmt: skip
-        if stop is not None and stop.requested is not None:
-            return
-        best = [s for s in _distinct(result)[:count] if s.status != "optimal"]
-    if not best:
-        return
-    limit = (deadline - time.perf_counter()) / -(-len(best) // executor.workers)
-    if limit >= REFINE_LEAST:
-        _solve_again(inputs, result, executor, best, limit=limit, seed=seed, threads=threads)
-
-
-def _distinct(result: SearchResult) -> list[Scored]:
-    """The solved candidates best first, variants with the very same schedule once."""
+    """Solve the ``count`` best (not proved optimal) again from their schedules with the time
+    left, shared by the executor's workers; keep whichever result is better."""
     ranked = sorted((s for s in result.scored if s.ok), key=Scored.sort_key)
-    distinct: list[Scored] = []
+    chosen: list[Scored] = []
     seen: set[tuple[Candidate, float | None]] = set()
-    for s in ranked:
+    for s in ranked:  # variants with the very same schedule are refined once
         twin = (_plain(s.candidate), s.iteration_makespan)
         if twin not in seen:
             seen.add(twin)
-            distinct.append(s)
-    return distinct
-
-
-def _potential(s: Scored) -> float:
-    """The least step time a better schedule of ``s``'s candidate could give: its step time
-    less its schedule's gap to the makespan bound."""
-    assert s.step_time is not None and s.iteration_makespan is not None
-    bound = s.lower_bound if s.lower_bound is not None else s.iteration_makespan
-    return s.step_time - max(0.0, s.iteration_makespan - bound)
-
-
-def _solve_again(
-    inputs: PlanInputs, result: SearchResult, executor: Executor, chosen: list[Scored], *,
-    limit: float, seed: int, threads: int,
-) -> None:  # fmt: skip
-    """Each of ``chosen`` solved from its schedule for ``limit`` seconds; the better kept."""
+            chosen.append(s)
+        if len(chosen) == count:
+            break
+    chosen = [s for s in chosen if s.status != "optimal"]
+    if not chosen or (stop is not None and stop.requested is not None):
+        return
+    rounds = -(-len(chosen) // executor.workers)
+    limit = (deadline - time.perf_counter()) / rounds
+    if limit < 2.0:
+        return
     for s in chosen:
         task = EvaluationTask(inputs=inputs, candidate=s.candidate, time_limit=limit, seed=seed,
                               threads=threads, warm_start=s.schedule)  # fmt: skip
