@@ -373,3 +373,50 @@ def test_no_split_is_solved_for_when_the_devices_together_cannot_hold_the_layers
     assert not fits_in_total(tight) and split_candidates(tight) == []
     ones = (1,) * tight.stages  # the brute force agrees: not even one activation per stage fits
     assert not any(tight.fits(s, ones) for s in _compositions(TINY.layers, tight.stages))
+
+
+def test_refinement_first_gives_ten_seconds_to_more_candidates() -> None:
+    """With 101 s left on one worker, a first round solves the 5 best (half the time, 10 s
+    each); the fifth improves most, and the second round gives the rest of the time to the
+    3 best after the first. With too little time for a wide round, the 3 best alone."""
+    import time
+
+    from pp_opt.job import Job
+    from pp_opt.planner.config import Candidate
+    from pp_opt.planner.evaluate import Scored
+    from pp_opt.planner.search import SearchResult, refine
+
+    def scored(v: int, step: float) -> Scored:
+        job = Job(pp=2, v=v, microbatches=4, seq=1024)
+        return Scored(candidate=Candidate(job=job, recompute=False, offload=False),
+                      order="solve", status="feasible", iteration_makespan=step,
+                      step_time=step, lower_bound=0.9 * step, gap=0.1)  # fmt: skip
+
+    class Refining:
+        """Each solve takes 1 ms off a candidate's step time, 30 ms off v 5's first."""
+
+        workers = 1
+
+        def __init__(self) -> None:
+            self.submitted: list[tuple[int, float]] = []
+            self.done: list[Scored] = []
+            self.steps = {v: 100.0 + v for v in range(1, 9)}
+
+        def submit(self, task) -> None:  # type: ignore[no-untyped-def]
+            v = task.candidate.job.v
+            self.submitted.append((v, task.time_limit))
+            self.steps[v] -= 30.0 if v == 5 and self.steps[v] == 105.0 else 1.0
+            self.done.append(scored(v, self.steps[v]))
+
+        def next_done(self) -> Scored:
+            return self.done.pop(0)
+
+    for left, first, second in ((101.0, [1, 2, 3, 4, 5], [5, 1, 2]), (30.0, [], [1, 2, 3])):
+        found = SearchResult(scored=[scored(v, 100.0 + v) for v in range(1, 9)])
+        executor = Refining()
+        refine(None, found, executor, count=3,  # type: ignore[arg-type]
+               deadline=time.perf_counter() + left)  # fmt: skip
+        assert [v for v, _ in executor.submitted] == first + second
+        limits = [limit for _, limit in executor.submitted]
+        assert limits[: len(first)] == [10.0] * len(first)
+        assert sum(limits[len(first) :]) == pytest.approx(left, rel=0.01)  # the fakes take no time
