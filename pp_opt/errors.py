@@ -82,6 +82,17 @@ class ProblemError(FieldError, ValueError):
     """An argument, a problem, card or schedule file holds a value that is not allowed."""
 
 
+class StaticMemoryError(ProblemError):
+    """Weights, gradients and optimizer state alone overflow a device (field ``hardware``)."""
+
+    def __init__(self, message: str, *, need: float, cap: float) -> None:
+        self.need = need
+        """Bytes the fullest device holds beside its activations."""
+        self.cap = cap
+        """Bytes it may hold."""
+        super().__init__("hardware", message)
+
+
 class TimeLimitError(ProblemError):
     """The time limit passed before any schedule was found (raise ``time_limit``)."""
 

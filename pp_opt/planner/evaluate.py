@@ -7,12 +7,11 @@ baseline order), and scores the validated schedule with :mod:`pp_opt.planner.ste
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pp_opt.errors import InfeasibleError, PPOptError, ProblemError, TimeLimitError
+from pp_opt.errors import InfeasibleError, PPOptError, StaticMemoryError, TimeLimitError
 from pp_opt.job import Job
 from pp_opt.planner.config import Candidate, PlanInputs
 from pp_opt.planner.infeasible import peak_term
@@ -20,6 +19,7 @@ from pp_opt.planner.memory import memory_breakdown
 from pp_opt.planner.problems import OFFLOAD_FRACTIONS, candidate_problem, candidate_profile
 from pp_opt.planner.step import dp_sync_ms, gradients_ready, step_time
 from pp_opt.problem import Problem
+from pp_opt.profiler.cards import GIB
 from pp_opt.profiler.costs import CostProfile
 from pp_opt.profiler.stacks import load_stack_card
 from pp_opt.profiler.step_terms import (
@@ -174,24 +174,15 @@ def evaluate(job: EvaluationTask, *, stop: StopToken | None = None) -> Scored:
             base.largest_term = peak_term(order, problem, profile)
     except TimeLimitError as err:
         base.status, base.note = "timeout", str(err)
-    except ProblemError as err:
-        base.note = str(err)
-        # weights, gradients and optimizer state alone overflow: infeasible, not an error
-        base.status = "infeasible" if err.field == "hardware" else "error"
-        if err.field == "hardware":
-            base.largest_term = _static_need(str(err))
+    except StaticMemoryError as err:  # weights, gradients and optimizer state alone overflow
+        base.status, base.note = "infeasible", str(err)
+        base.largest_term = f"static memory {err.need / GIB:.1f} GiB of {err.cap / GIB:.1f}"
     except PPOptError as err:  # a problem the solver refuses must not end the whole plan
         base.status, base.note = "error", str(err)
     else:
         _score(base, job, schedule, profile)
     base.seconds = time.perf_counter() - started
     return base
-
-
-def _static_need(message: str) -> str:
-    """``"static memory 86.9 GiB of 76.0"`` from the profiler's static overflow message."""
-    found = re.search(r"need ([\d.]+) GiB, [\d.]+ GiB more than the ([\d.]+) GiB cap", message)
-    return f"static memory {found[1]} GiB of {found[2]}" if found else "static memory over the cap"
 
 
 def _schedule(job: EvaluationTask, problem: Problem, stop: StopToken | None) -> Schedule:

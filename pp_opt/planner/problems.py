@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pp_opt.bounds import lower_bound, min_feasible_cap
-from pp_opt.errors import ProblemError
+from pp_opt.errors import ProblemError, StaticMemoryError
 from pp_opt.planner.config import Candidate, PlanInputs
 from pp_opt.planner.step import dp_sync_bound
 from pp_opt.problem import Problem
@@ -67,9 +67,9 @@ def bound_candidate(inputs: PlanInputs, candidate: Candidate) -> Bounded:
     try:
         profile = candidate_profile(inputs, candidate)
         problem = candidate_problem(candidate, profile)
+    except StaticMemoryError:  # weights, gradients and optimizer state alone overflow
+        return Bounded(candidate=candidate, infeasible="static memory over the cap")
     except ProblemError as err:
-        if err.field == "hardware":  # weights, gradients and optimizer state alone overflow
-            return Bounded(candidate=candidate, infeasible="static memory over the cap")
         return Bounded(candidate=candidate, infeasible=f"rejected by the profiler ({err.field})")
     cap = min(d.cap for d in problem.devices)
     if min_feasible_cap(problem, OFFLOAD_FRACTIONS) > cap * (1 + 1e-12):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
-from pp_opt.errors import ProblemError
+from pp_opt.errors import ProblemError, StaticMemoryError
 from pp_opt.job import Job
 from pp_opt.profiler.cards import GIB, HardwareCard, ModelCard
 from pp_opt.profiler.comm import gemm_ms, hbm_ms, node_link, p2p_ms, ring_all_gather_ms
@@ -345,13 +345,13 @@ def static_bytes(
     cap = hw.usable_bytes
     worst = max(range(job.pp), key=lambda d: static[d])
     if static[worst] > cap:
-        raise ProblemError(
-            "hardware",
+        raise StaticMemoryError(
             f"device {worst}: weights, gradients and optimizer state need "
             f"{static[worst] / GIB:.1f} GiB, {(static[worst] - cap) / GIB:.1f} GiB more than the "
             f"{cap / GIB:.1f} GiB cap of {hw.name} ({hw.hbm_gib:g} GiB minus {hw.reserve_gib:g} "
             f"reserved); use a larger pp or tp, or fewer bytes per parameter",
-        )
+            need=static[worst], cap=cap,
+        )  # fmt: skip
     return static
 
 
