@@ -151,9 +151,10 @@ def problem_bound(problem: Problem, scaling: Scaling, objective: str, bound: flo
         return bound / scaling.time
     if objective != "makespan" or problem.offload or problem.recompute or paired:
         return None
-    for d in range(problem.p if not scaling.memory_exact else 0):
-        held = sum(problem.m * (scaling.mem(st.m_b) + 2) for st in problem.stages
-                   if st.device == d)  # fmt: skip
-        if held > scaling.cap(problem.activation_room(d)):
-            return None
+    if not scaling.memory_exact and any(
+        sum(problem.m * (scaling.mem(problem.stages[s].m_b) + 2) for s in problem.stages_on(d))
+        > scaling.cap(problem.activation_room(d))
+        for d in range(problem.p)
+    ):  # rounded memory that can bind: the model may refuse an order the problem allows
+        return None
     return bound / (scaling.time * (1.0 + time_rounding(problem, scaling)))
