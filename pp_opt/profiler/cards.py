@@ -19,6 +19,7 @@ from pp_opt.arguments import integer
 from pp_opt.card_files import card_infos, card_names, card_text
 from pp_opt.errors import ProblemError
 from pp_opt.limits import MAX_VALUE
+from pp_opt.profiler.attention_kernels import AttentionRates, attention_table
 
 _MAX_INT = int(MAX_VALUE)
 """Largest integer a card field takes."""
@@ -245,12 +246,16 @@ class HardwareCard:
     within a pipelined step (activations, accumulated gradients: freed first in, first out
     between long-lived allocations); a fitted constant where a card sets it
     (:mod:`pp_opt.profiler.memory_breakdown`)."""
+    attention: tuple[AttentionRates, ...] = ()
+    """Fused attention kernels' measured rates (``[attention.<kernel>]`` tables,
+    :mod:`pp_opt.profiler.attention_kernels`); a kernel not listed runs at the GEMM rate."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
             raise ProblemError("hardware.name", f"got {self.name!r}; expected a string")
+        object.__setattr__(self, "attention", attention_table(self.attention or {}))
         for f in fields(self):
-            if f.name == "name":
+            if f.name in ("name", "attention"):
                 continue
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, int | float):
@@ -295,7 +300,10 @@ class HardwareCard:
         return (self.hbm_gib - self.reserve_gib) * GIB
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "attention"}
+        if self.attention:
+            out["attention"] = {r.kernel: r.to_dict() for r in self.attention}
+        return out
 
 
 def _choice(field: str, value: Any, allowed: tuple[str, ...]) -> None:

@@ -19,6 +19,7 @@ A device's fixed memory beside its activations is :func:`memory_breakdown.static
 from __future__ import annotations
 
 from pp_opt.job import Job
+from pp_opt.profiler.attention_kernels import core_attention_ms, kernel_rates
 from pp_opt.profiler.cards import HardwareCard, ModelCard
 from pp_opt.profiler.checkpointing import layer_checkpoint_cost
 from pp_opt.profiler.comm import fp8_gemm_ms, gemm_ms, hbm_ms, node_link
@@ -70,8 +71,10 @@ def layer_unit(
     lin = linear_flops(shape)
     elem_f, elem_b = elementwise
     scale = compile_factor(shape, job)
-    gemm_f = gemm_time_ms(lin, f - lin, hw, fp8=job.fp8)
-    gemm_b = gemm_time_ms(lin, b - lin, hw, fp8=job.fp8)
+    att_f, att_b = dense_core_ms(shape, hw, job)
+    gemm_f = gemm_time_ms(lin, 0.0, hw, fp8=job.fp8) + att_f
+    reruns = (b - lin) / (f - lin) - 2  # selective: B re-runs the core's forward
+    gemm_b = gemm_time_ms(lin, 0.0, hw, fp8=job.fp8) + att_b + reruns * att_f
     t_w = gemm_time_ms(w, 0.0, hw, fp8=job.fp8)
     t_f, t_b = gemm_f + scale * elem_f, gemm_b + scale * elem_b
     if job.fp8:
@@ -96,6 +99,19 @@ def layer_unit(
     return context_parallel_unit(unit, card, hw, job, shape, mode=mode)
 
 
+def dense_core_ms(shape: LayerShape, hw: HardwareCard, job: Job) -> tuple[float, float]:
+    """The attention core's F and B (ms, B twice F's FLOPs as :mod:`formulas` counts them).
+    A fused (``flash``) kernel the card has rates for skips the causal mask's upper half and
+    runs at those rates (:mod:`attention_kernels`); otherwise the count's full square runs at
+    the GEMM rate, as the fitted torchtitan rows were."""
+    core = attention_core_flops(shape)
+    kernel = load_stack_card(job.stack).attention_kernel
+    if shape.attention != "flash" or kernel_rates(hw.attention, kernel) is None:
+        return gemm_ms(core, hw), gemm_ms(2 * core, hw)
+    return core_attention_ms(core / 2, table=hw.attention, kernel=kernel, seq=shape.s / job.cp,
+                             gemm_rate=hw.peak_flops * hw.gemm_efficiency)  # fmt: skip
+
+
 def gathered_inputs_bytes(shape: LayerShape) -> float:
     """What a re-run layer saves beyond :mod:`formulas`' sequence-parallel count under DTensor
     TP: the inputs of the column-parallel linears (attention's and the MLP's normed input)
@@ -114,14 +130,14 @@ def context_parallel_unit(
     if job.cp == 1:
         return unit
     out = {key: value / job.cp for key, value in unit.items()}
-    core = attention_core_flops(shape)
+    att_f, att_b = dense_core_ms(shape, hw, job)
     gbs, latency = node_link(hw, spans_nodes=job.cp * job.tp > hw.gpus_per_node)
     stack = load_stack_card(job.stack)
     width = card.hidden if stack.cp_kv_width == "query" else card.kv_hidden
     ring = ring_attention(
         s=job.seq, b=job.mbs, h_kv=width, h_q=card.hidden, cp=job.cp, tp=job.tp,
-        dtype_bytes=card.dtype_bytes, attention_f_s=gemm_ms(core, hw) / 1e3 / job.cp,
-        attention_b_s=gemm_ms(2 * core, hw) / 1e3 / job.cp,
+        dtype_bytes=card.dtype_bytes, attention_f_s=att_f / 1e3 / job.cp,
+        attention_b_s=att_b / 1e3 / job.cp,
         link_gbs=gbs * stack.allgather_efficiency, latency_us=latency,
         permute_gbs=gbs * stack.alltoall_efficiency, grad_dtype_bytes=stack.cp_grad_bytes,
         serialized=job.compile and stack.cp_serialized_when_compiled,

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pp_opt.job import Job
+from pp_opt.profiler.attention_kernels import core_attention_ms
 from pp_opt.profiler.cards import GB, HardwareCard, ModelCard
 from pp_opt.profiler.comm import fp8_gemm_ms, gemm_ms, hbm_ms, node_link, ring_all_gather_ms
 from pp_opt.profiler.stacks import StackCard, load_stack_card
@@ -217,7 +218,13 @@ def layer_unit(card: ModelCard, hw: HardwareCard, job: Job, *, moe: bool) -> dic
     fp8 = job.fp8
     g_att = _gemm(lin_att + lin_mlp, hw, stack, fp8=fp8)
     g_routed = _gemm(lin_routed, hw, stack, fp8=fp8, scale=scale) if moe else 0.0
-    g_core = _gemm(core, hw, stack, fp8=False)
+    g_core, g_core_b = core_attention_ms(
+        core,
+        table=hw.attention,
+        kernel=stack.attention_kernel,
+        seq=lay.seq / job.cp,
+        gemm_rate=hw.peak_flops * hw.gemm_efficiency * stack.gemm_scale,
+    )
     elem = hbm_ms(ATTENTION_PASSES * 2 * h * tok / t + 2 * 3 * 3 * shared * tok / t, hw)
     if moe:
         copies = tok / t * card.top_k * lay.imbalance
@@ -228,7 +235,7 @@ def layer_unit(card: ModelCard, hw: HardwareCard, job: Job, *, moe: bool) -> dic
     a2a = _a2a_ms(card, hw, lay, stack) if moe else 0.0
     comm = tp_collectives_ms(card, hw, job) + a2a
     t_f = g_att + g_routed + g_core + elem + comm
-    t_b = g_att + g_routed + 2 * g_core + 2 * elem + comm
+    t_b = g_att + g_routed + g_core_b + 2 * elem + comm
     t_w = g_att + g_routed
     t_f, t_b, f_comm, b_comm = host_bound(t_f, t_b, t_w, a2a,
                                           stack.moe_host_ms if moe else 0.0)  # fmt: skip

@@ -85,6 +85,10 @@ class StackCard:
     cp_serialized_when_compiled: bool = False
     """Under torch.compile the ring's collectives are waited as soon as issued (torch's
     functional collectives when traced), so none hides behind attention."""
+    attention_kernel: str = ""
+    """The fused attention kernel it runs (``flash2``: PyTorch SDPA's flash backend;
+    ``cudnn``: Transformer Engine's fused attention), timed at the hardware card's rates for
+    it where the card lists them (:mod:`pp_opt.profiler.attention_kernels`)."""
     note: str = ""
     """What the release does not do yet (printed with a plan for this stack)."""
 
