@@ -11,6 +11,8 @@ from pp_opt.errors import ProblemError
 from pp_opt.job import Job
 from pp_opt.profiler.attention_kernels import BACKWARD_FLOPS, core_attention_ms
 from pp_opt.profiler.cards import hardware_card_from_dict, load_hardware_card, load_model_card
+from pp_opt.profiler.formulas import LayerShape, attention_core_flops
+from pp_opt.profiler.job_costs import dense_core_ms
 from pp_opt.profiler.moe import Layout, attention_parts, context_length, layer_unit
 from pp_opt.profiler.stacks import load_stack_card
 
@@ -81,3 +83,22 @@ def test_an_moe_layers_core_runs_at_its_stacks_kernel() -> None:
         assert cores[name] == pytest.approx(expected, rel=1e-9)
     # FlashAttention-2 is slower than cuDNN: torchtitan's B gains more over the GEMM rate
     assert cores["torchtitan"] > cores["megatron-core"] > 0
+
+
+def test_a_dense_flash_layer_runs_the_causal_half_at_the_kernels_rate() -> None:
+    """Dense cards count the full square (``4 s^2 b h``); a fused kernel with measured rates
+    runs its causal half, the backward at 2.5x the forward's FLOPs. Eager attention and a card
+    without rates keep the GEMM rate on the full count (torchtitan's fitted rows)."""
+    card = load_model_card("llama3-8b")
+    job = Job(pp=1, microbatches=1, seq=8192)  # torchtitan: flash2
+    shape = LayerShape.of(card, s=8192, b=1, tp=1)
+    core = attention_core_flops(shape)
+    hw = load_hardware_card("h100-80gb")
+    fwd, bwd = next(r for r in hw.attention if r.kernel == "flash2").rates(8192)
+    assert dense_core_ms(shape, hw, job) == pytest.approx(
+        (1e3 * core / 2 / fwd, 1e3 * BACKWARD_FLOPS * core / 2 / bwd)
+    )
+    gemm = (1e3 * core / (hw.peak_flops * hw.gemm_efficiency),
+            2e3 * core / (hw.peak_flops * hw.gemm_efficiency))  # fmt: skip
+    assert dense_core_ms(replace(shape, attention="eager"), hw, job) == pytest.approx(gemm)
+    assert dense_core_ms(shape, replace(hw, attention=()), job) == pytest.approx(gemm)
