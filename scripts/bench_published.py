@@ -180,12 +180,15 @@ def write_card(hw: HardwareCard) -> Path:
         value = getattr(hw, key)
         note = (f"# FITTED constant {number} of 4 by scripts/bench_published.py --fit on "
                 f"{', '.join(FIT_ROWS[key])}")  # fmt: skip
-        pattern = re.compile(rf"^{key} *=.*?(?=^\w|\Z)", re.M | re.S)
+        # the key's line and its indented comments, to the next key, table, comment or blank
+        pattern = re.compile(rf"^{key} *=.*?(?=^[\w\[#]|^\s*$|\Z)", re.M | re.S)
         line = f"{key} = {value:.4f}"
         line = f"{line:<{max(29, len(line) + 1)}}{note}\n"
         text, count = pattern.subn(line, text, count=1)
-        if not count:
-            text += line
+        if not count:  # a new top-level key goes before the card's first [table]
+            table = re.search(r"^\[", text, re.M)
+            at = table.start() if table else len(text)
+            text = text[:at] + line + text[at:]
     path.write_text(text)
     return path
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +18,8 @@ from pp_opt.profiler.formulas import LayerShape, attention_core_flops
 from pp_opt.profiler.job_costs import dense_core_ms
 from pp_opt.profiler.moe import Layout, attention_parts, context_length, layer_unit
 from pp_opt.profiler.stacks import load_stack_card
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_h100_card_gives_the_fa3_papers_rates_at_and_between_its_lengths() -> None:
@@ -102,3 +107,24 @@ def test_a_dense_flash_layer_runs_the_causal_half_at_the_kernels_rate() -> None:
             2e3 * core / (hw.peak_flops * hw.gemm_efficiency))  # fmt: skip
     assert dense_core_ms(replace(shape, attention="eager"), hw, job) == pytest.approx(gemm)
     assert dense_core_ms(shape, replace(hw, attention=()), job) == pytest.approx(gemm)
+
+
+def test_the_fit_writes_its_constants_above_a_cards_attention_tables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``bench_published.py --fit`` rewrites each fitted key in place (its indented comment
+    with it) and puts a key the card lacks before the first ``[table]``, not inside it."""
+    spec = importlib.util.spec_from_file_location("bench_fit", ROOT / "scripts/bench_published.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    shutil.copy(ROOT / "models/h100-80gb.toml", tmp_path / "h100-80gb.toml")
+    monkeypatch.setattr(bench, "CARDS", tmp_path)
+    hw = load_hardware_card(tmp_path / "h100-80gb.toml")
+    fitted = replace(hw, fp8_gemm_efficiency=0.4321, pipeline_fragmentation=0.1234)
+    bench.write_card(fitted)
+    text = (tmp_path / "h100-80gb.toml").read_text()
+    again = load_hardware_card(tmp_path / "h100-80gb.toml")
+    assert again == replace(fitted, name=again.name)
+    assert text.index("pipeline_fragmentation") < text.index("[attention")
+    assert "cuBLASLt FP8" not in text  # the old key's indented comment went with it
