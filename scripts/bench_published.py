@@ -7,7 +7,9 @@ Interleaved 1F1B). Each row is predicted with :func:`pp_opt.predict` (the planne
 evaluation) on the row's pinned configuration, with its PyTorch schedule, microbatches and
 stages per rank as torchtitan ran them. TPS/GPU as torchtitan defines it (global tokens per
 second per GPU) and memory as it reports it (max reserved GiB over the GPUs, the worst
-pipeline rank's predicted peak).
+pipeline rank's predicted peak). Below them the published Mixture-of-Experts runs
+(``scripts/published/moe_rows.json``: Megatron-MoE-ModelZoo, NeMo AutoModel, Megatron-Bridge),
+each with the ``pp-opt predict`` command it runs.
 
     PYTHONPATH=. .venv/bin/python scripts/bench_published.py              # table
     PYTHONPATH=. .venv/bin/python scripts/bench_published.py --json out.json --rows table5-1f1b
@@ -204,11 +206,16 @@ def moe_results() -> list[dict[str, Any]]:
     for row in data["rows"]:
         got = predict(**row["predict"])
         tps = got.tokens_per_s_per_gpu or 0.0
-        ratio = tps / row["measured"]["tps_per_gpu"]
+        measured = row["measured"].get("tps_per_gpu")
+        if measured is None:  # a published TFLOPS/GPU: the same FLOPs per token on both sides
+            peak = load_hardware_card(row["predict"]["hardware"]).peak_tflops
+            measured = round(tps * row["measured"]["tflops_per_gpu"] / ((got.mfu or 0.0) * peak))
+        ratio = tps / measured
         accepted = got.step_time is not None
         ok = accepted if row.get("accepted_only") else abs(ratio - 1) <= data["tolerance"]
         out.append({"id": row["id"], "source": row["source"], "predict": row["predict"],
-                    "measured_tps": row["measured"]["tps_per_gpu"], "predicted_tps": tps,
+                    "measured_tps": measured, "predicted_tps": tps,
+                    "measured_tflops": row["measured"].get("tflops_per_gpu"),
                     "tps_ratio": ratio, "step_time_ms": got.step_time, "status": got.status,
                     "peak_gib": [x / GIB for x in got.peak_memory], "ok": ok,
                     "command": predict_command(row["predict"])})  # fmt: skip
@@ -306,11 +313,22 @@ def write_markdown(path: Path, results: list[dict[str, Any]], verdict: dict[str,
                f"each table: {ranked}.")  # fmt: skip
     parts = [("", table(rows, columns)), ("", summary)]
     if moe:
-        moe_columns = [("id", "MoE run", text), ("measured_tps", "TPS/GPU measured", text),
+        moe_columns = [("id", "MoE run", text), ("tflops", "TFLOPS/GPU published", text),
+                       ("measured_tps", "TPS/GPU measured", text),
                        ("predicted_tps", "predicted", fixed(0)), ("tps_ratio", "ratio", fixed(3)),
                        ("command", "command", text)]  # fmt: skip
-        rows_moe = [{**r, "command": f"`{r['command']}`"} for r in moe]
-        parts += [("Mixture-of-Experts runs", table(rows_moe, moe_columns))]
+        rows_moe = [{**r, "command": f"`{r['command']}`", "tflops": r["measured_tflops"] or "-"}
+                    for r in moe]  # fmt: skip
+        parts += [
+            ("Mixture-of-Experts runs", table(rows_moe, moe_columns)),
+            (
+                "",
+                "Where a source publishes TFLOPS/GPU (the long-context rows), the TPS "
+                "measured is that over the FLOPs per token, which Megatron-LM's "
+                "`num_floating_point_operations` and pp_opt's MFU count alike (causal "
+                "attention halved, recompute left out).",
+            ),
+        ]
     write(path, parts, argv)
 
 
