@@ -67,14 +67,14 @@ def layer_unit(
     tensor-parallel collectives (ms, bf16, :func:`analytic.tp_comm_ms`)."""
     shape = LayerShape.of(card, s=job.seq, b=job.mbs, tp=job.tp,
                           recompute=mode if mode in FORMULA_MODES else "none")  # fmt: skip
-    f, b, w = layer_flops(shape)
+    w = layer_flops(shape)[2]
     lin = linear_flops(shape)
     elem_f, elem_b = elementwise
     scale = compile_factor(shape, job)
     att_f, att_b = dense_core_ms(shape, hw, job)
     gemm_f = gemm_time_ms(lin, 0.0, hw, fp8=job.fp8) + att_f
-    reruns = (b - lin) / (f - lin) - 2  # selective: B re-runs the core's forward
-    gemm_b = gemm_time_ms(lin, 0.0, hw, fp8=job.fp8) + att_b + reruns * att_f
+    rerun = att_f if shape.recompute == "selective" else 0.0  # B re-runs the core's F
+    gemm_b = gemm_time_ms(lin, 0.0, hw, fp8=job.fp8) + att_b + rerun
     t_w = gemm_time_ms(w, 0.0, hw, fp8=job.fp8)
     t_f, t_b = gemm_f + scale * elem_f, gemm_b + scale * elem_b
     if job.fp8:
