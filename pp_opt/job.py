@@ -80,17 +80,23 @@ def required(help: str, **spec: Any) -> Any:
     return field(metadata={"option": JobOption(help=help, **spec)})
 
 
-def microbatch_count(*, global_batch: int, dp: int, mbs: int) -> int:
-    """Microbatches per pipeline and step (``m``): the global batch split over ``dp``
-    replicas into microbatches of ``mbs`` sequences, which must come out whole."""
-    for name, value in (("global_batch", global_batch), ("dp", dp), ("mbs", mbs)):
+BATCH_SPLIT = ("mbs", "grad_accum")  # what splits a replica's share of the batch
+
+
+def microbatch_count(*, global_batch: int, dp: int, mbs: int = 1, grad_accum: int = 1) -> int:
+    """Microbatches per pipeline schedule (``m``): the global batch split over ``dp``
+    replicas and ``grad_accum`` schedules into microbatches of ``mbs`` sequences, whole."""
+    for name, value in (("global_batch", global_batch), ("dp", dp), ("mbs", mbs),
+                        ("grad_accum", grad_accum)):  # fmt: skip
         integer(name, value, low=1)
-    if global_batch % (dp * mbs):
+    if global_batch % (dp * mbs * grad_accum):
+        ga = f" x grad_accum {grad_accum}" if grad_accum > 1 else ""
         raise ProblemError(
             "global_batch", f"{global_batch} sequences do not split into whole microbatches "
-            f"over dp {dp} x mbs {mbs}; use a multiple of dp x mbs = {dp * mbs}"
+            f"over dp {dp} x mbs {mbs}{ga}; use a multiple of dp x mbs{ga and ' x grad_accum'} "
+            f"= {dp * mbs * grad_accum}",
         )  # fmt: skip
-    return global_batch // (dp * mbs)
+    return global_batch // (dp * mbs * grad_accum)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -127,6 +133,10 @@ class Job:
     """``loop`` or ``v``."""
     mbs: int = option(1, "Sequences per microbatch.", low=1, core=True)
     """Sequences per microbatch ``b``."""
+    grad_accum: int = option(1, "Gradient accumulation: pipeline schedules per step (PyTorch "
+                             "pipelining's local batch runs this often).", low=1, plan="fixed",
+                             label=" ga{}")  # fmt: skip
+    """Schedules per step, gradients kept between them (Megatron-LM runs one schedule)."""
     layers: tuple[int, ...] = option(
         (), "Decoder layers per stage, e.g. 2,3,3,2 (default: split).",
         commands=("predict", "profile"), plan="fixed", core=True,
@@ -297,9 +307,9 @@ class Job:
 
     @property
     def global_batch(self) -> int:
-        """Sequences per step: ``microbatches`` of ``mbs`` on each of the ``dp`` replicas
-        (the inverse of :func:`microbatch_count`)."""
-        return self.microbatches * self.mbs * self.dp
+        """Sequences per step: ``grad_accum`` schedules of ``microbatches`` of ``mbs`` on each
+        of the ``dp`` replicas (the inverse of :func:`microbatch_count`)."""
+        return self.microbatches * self.mbs * self.dp * self.grad_accum
 
     @property
     def gpus(self) -> int:

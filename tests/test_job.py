@@ -124,6 +124,29 @@ def test_the_microbatch_count_is_whole_or_names_the_batch() -> None:
     with pytest.raises(ProblemError) as err:
         Job(pp=2, microbatches=4, seq=128, layers=(3, -1))
     assert err.value.field == "layers"
+    assert microbatch_count(global_batch=32, dp=4, mbs=2, grad_accum=2) == 2
+    with pytest.raises(ProblemError) as err:
+        microbatch_count(global_batch=32, dp=4, mbs=2, grad_accum=3)
+    assert "multiple of dp x mbs x grad_accum = 24" in str(err.value)
+
+
+def test_gradient_accumulation_runs_the_schedule_again_in_the_same_memory() -> None:
+    """``grad_accum`` schedules of the per-schedule batch, each ending in its gradient
+    reduction, then one optimizer step: the step is ``ga x (makespan + dp_sync) + optimizer``
+    of the smaller batch's schedule, its memory that schedule's, its tokens all of them
+    (AutoModel's DeepSeek-V3 on 1024 H100 ran GA 4, Kimi K2 GA 2)."""
+    common = dict(model="llama2-7b", hardware="h100-80gb", gpus=8, seq=2048, pp=4,
+                  dp_shard=2, schedule="1F1B")  # fmt: skip
+    one = pp_opt.predict(global_batch=16, **common)  # type: ignore[arg-type]
+    three = pp_opt.predict(global_batch=48, grad_accum=3, **common)  # type: ignore[arg-type]
+    assert three.config["microbatches"] == one.config["microbatches"] == 8
+    assert three.config["grad_accum"] == 3 and "grad_accum" not in one.config
+    assert three.peak_memory == one.peak_memory
+    assert three.step_time == pytest.approx(
+        3 * (one.iteration_makespan + one.dp_sync) + one.optimizer_step
+    )
+    assert three.tokens_per_s_per_gpu == pytest.approx(48 * 2048 / (three.step_time / 1e3) / 8)
+    assert three.tokens_per_s_per_gpu > one.tokens_per_s_per_gpu  # the optimizer runs once
 
 
 def _pinned(schedule: str, placement: str = "loop", v: int | None = None) -> Job:

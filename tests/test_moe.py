@@ -126,6 +126,7 @@ def test_the_published_moe_runs_are_configurations_pp_opt_accepts() -> None:
     assert set(results) == {row["id"] for row in data["rows"]}
     assert all(r["step_time_ms"] for r in results.values())
     assert all(abs(r["tps_ratio"] - 1) <= 0.15 for r in results.values()), results
+    assert results["automodel-deepseek-v3-1024"]["predict"]["grad_accum"] == 4  # ran GA 4
     long_context = [r for r in results.values() if r["measured_tflops"]]
     assert len(long_context) == 4 and all(abs(r["tps_ratio"] - 1) <= 0.05 for r in long_context)
     plain, overlapped = (results[k]["step_time_ms"] for k in

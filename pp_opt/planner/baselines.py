@@ -82,7 +82,7 @@ def torchtitan_job(job: Job, model: str, pins: Pins) -> Job:
     ``model`` (:func:`pp_opt.frameworks.torchtitan.model_defaults`) in place of what
     ``pins`` leave to the plan: FSDP over the data-parallel ranks, the config's
     checkpointing, its microbatch size."""
-    sequences = job.global_batch // job.dp
+    sequences = job.microbatches * job.mbs  # one schedule's local batch
     changes: dict[str, Any] = {}
     if pins.dp_shard is None and pins.optimizer_sharding is None:
         changes.update(dp_shard=job.dp, dp_replicate=0, optimizer_sharding=False,

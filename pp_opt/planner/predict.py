@@ -16,7 +16,7 @@ from pp_opt.arguments import choice, integer, number, of_type
 from pp_opt.errors import ProblemError
 from pp_opt.frameworks.pytorch import PYTORCH_SCHEDULES, check_schedule_fits
 from pp_opt.frameworks.torchtitan import default_layers, default_stages_per_rank
-from pp_opt.job import FIELDS, RENAMED, Job, microbatch_count
+from pp_opt.job import BATCH_SPLIT, FIELDS, RENAMED, Job, microbatch_count
 from pp_opt.planner.config import Candidate, PlanInputs
 from pp_opt.planner.evaluate import SOLVED, EvaluationTask, Scored, evaluate
 from pp_opt.profiler.cards import HardwareCard, ModelCard, load_hardware_card, load_model_card
@@ -123,7 +123,8 @@ def prediction_job(
         )  # fmt: skip
     dp = degrees["dp_shard"] * degrees["dp_replicate"]
     given.update(degrees)
-    microbatches = microbatch_count(global_batch=global_batch, dp=dp, mbs=given.get("mbs", 1))
+    split = {name: given[name] for name in BATCH_SPLIT if name in given}
+    microbatches = microbatch_count(global_batch=global_batch, dp=dp, **split)
     if "v" not in given:  # the v placement lifts it to 2 (Job)
         given["v"] = 1 if schedule == SOLVED_NAME else default_stages_per_rank(schedule)
     job = Job(microbatches=microbatches, seq=seq, dp=dp, **given)

@@ -74,13 +74,15 @@ def _mbs_values(
     inputs: PlanInputs, pins: Pins, dp: int, skipped: Counter[str]
 ) -> list[tuple[int, int]]:
     """``(mbs, microbatches)`` of each microbatch size that splits the batch whole."""
-    if inputs.global_batch % dp:
-        skipped["dp does not divide global_batch"] += 1
+    ga = pins.grad_accum
+    if inputs.global_batch % (dp * ga):
+        skipped["dp x grad_accum does not divide global_batch"] += 1
         return []
     out = []
-    for mbs in pins.mbs or tuple(divisors(inputs.global_batch // dp)):
+    for mbs in pins.mbs or tuple(divisors(inputs.global_batch // (dp * ga))):
         try:
-            out.append((mbs, microbatch_count(global_batch=inputs.global_batch, dp=dp, mbs=mbs)))
+            out.append((mbs, microbatch_count(global_batch=inputs.global_batch, dp=dp, mbs=mbs,
+                                              grad_accum=ga)))  # fmt: skip
         except ProblemError:
             skipped["dp * mbs does not divide global_batch"] += 1
     return out

@@ -1,8 +1,9 @@
 """From one pipeline's schedule to the step time of the whole job (docs/design.md §8).
 
-``step_time = iteration_makespan + dp_sync + optimizer_step``. The job's terms come from
-the cost profile (:mod:`pp_opt.profiler.step_terms`: each stage's gradient reduction, FSDP's
-exposed all-gathers, the optimizer step); this module places them after a schedule:
+``step_time = grad_accum x (iteration_makespan + dp_sync) + optimizer_step``. The job's terms
+come from the cost profile (:mod:`pp_opt.profiler.step_terms`: each stage's gradient
+reduction, FSDP's exposed all-gathers, the optimizer step); this module places them after a
+schedule:
 
 - ``dp_sync``: a device reduces its stages one after another, in the order their last ``W``
   (or fused ``BW``) ends, so the reduction hides behind the device's remaining cool-down;
@@ -78,8 +79,11 @@ def step_time(
     dp_sync: float,
     optimizer_step: float,
 ) -> StepTime:
-    """The step time and the throughput figures of one configuration."""
-    total = makespan + dp_sync + optimizer_step
+    """The step time and the throughput figures of one configuration: with gradient
+    accumulation the schedule runs ``grad_accum`` times, each ending in its gradient
+    reduction (torch's pipeline stage syncs FSDP at every step's last backward,
+    ``backward_maybe_with_nosync``), then the optimizer once."""
+    total = config.grad_accum * (makespan + dp_sync) + optimizer_step
     seconds = total / 1e3
     tokens = inputs.global_batch * inputs.seq
     flops = inputs.global_batch * model_flops_per_sequence(inputs.model, inputs.seq)
