@@ -135,7 +135,7 @@ class Job:
     """Sequences per microbatch ``b``."""
     grad_accum: int = option(1, "Gradient accumulation: pipeline schedules per step (PyTorch "
                              "pipelining's local batch runs this often).", low=1, plan="fixed",
-                             label=" ga{}")  # fmt: skip
+                             commands=("predict", "plan"), label=" ga{}")  # fmt: skip
     """Schedules per step, gradients kept between them (Megatron-LM runs one schedule)."""
     layers: tuple[int, ...] = option(
         (), "Decoder layers per stage, e.g. 2,3,3,2 (default: split).",
