@@ -107,7 +107,7 @@ def core_attention_ms(
     """``(forward, backward)`` ms of an attention core of ``flops`` forward FLOPs (masked
     blocks already left out) over ``seq`` keys. Without the kernel's rates: the forward at
     ``gemm_rate`` and a backward of twice the forward's FLOPs, as the GEMM model counts."""
-    rates = kernel_rates(table, kernel) if kernel else None
+    rates = kernel_rates(table, kernel)
     if rates is None:
         return 1e3 * flops / gemm_rate, 2e3 * flops / gemm_rate
     fwd, bwd = rates.rates(seq)

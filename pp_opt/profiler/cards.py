@@ -289,6 +289,11 @@ class HardwareCard:
         return self.peak_tflops * 1e12
 
     @property
+    def gemm_flops(self) -> float:
+        """FLOP/s large training GEMMs reach: the peak times ``gemm_efficiency``."""
+        return self.peak_flops * self.gemm_efficiency
+
+    @property
     def cap_bytes(self) -> float:
         """The memory cap a device gets: HBM minus the reserve (a pipelined job's profile
         lowers it by the allocator's fragmentation, :func:`memory_breakdown.cap_bytes`)."""

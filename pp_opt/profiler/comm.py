@@ -44,7 +44,7 @@ def hbm_ms(nbytes: float, hw: HardwareCard) -> float:
 
 def gemm_ms(flops: float, hw: HardwareCard) -> float:
     """``flops`` of matrix products at the card's effective GEMM rate (ms)."""
-    return 1e3 * flops / (hw.peak_flops * hw.gemm_efficiency)
+    return 1e3 * flops / hw.gemm_flops
 
 
 def fp8_gemm_ms(flops: float, hw: HardwareCard) -> float:

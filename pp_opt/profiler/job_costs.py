@@ -109,7 +109,7 @@ def dense_core_ms(shape: LayerShape, hw: HardwareCard, job: Job) -> tuple[float,
     if shape.attention != "flash" or kernel_rates(hw.attention, kernel) is None:
         return gemm_ms(core, hw), gemm_ms(2 * core, hw)
     return core_attention_ms(core / 2, table=hw.attention, kernel=kernel, seq=shape.s / job.cp,
-                             gemm_rate=hw.peak_flops * hw.gemm_efficiency)  # fmt: skip
+                             gemm_rate=hw.gemm_flops)  # fmt: skip
 
 
 def gathered_inputs_bytes(shape: LayerShape) -> float:

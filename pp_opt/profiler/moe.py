@@ -223,7 +223,7 @@ def layer_unit(card: ModelCard, hw: HardwareCard, job: Job, *, moe: bool) -> dic
         table=hw.attention,
         kernel=stack.attention_kernel,
         seq=lay.seq / job.cp,
-        gemm_rate=hw.peak_flops * hw.gemm_efficiency * stack.gemm_scale,
+        gemm_rate=hw.gemm_flops * stack.gemm_scale,
     )
     elem = hbm_ms(ATTENTION_PASSES * 2 * h * tok / t + 2 * 3 * 3 * shared * tok / t, hw)
     if moe:
