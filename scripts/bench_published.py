@@ -79,6 +79,7 @@ def predict_row(row: dict[str, Any], hw: HardwareCard | None = None) -> Predicti
         dp_shard=c["dp_shard"], dp_replicate=c["dp_replicate"], mbs=c["mbs"],
         schedule=schedule, v=c["stages_per_rank"], layers=layers, ac=c["ac"], fp8=c["fp8"],
         compile=c["compile"], async_tp=c["async_tp"], fp8_all_gather=c["fp8_fsdp_all_gather"],
+        stack=c["stack"],
     )  # fmt: skip
 
 

@@ -19,7 +19,7 @@ MODELS = ["zb-1.5b", "zb-6.2b", "zb-14.6b", "zb-28.3b", "llama2-7b", "llama2-13b
           "deepseek-v3-debug", "kimi-k2", "qwen3-235b-a22b", "qwen3-30b-a3b",
           "gpt-oss-120b"]  # fmt: skip
 HARDWARE = ["a100-80gb", "h100-80gb", "h100-96gb-500w", "h200", "cpu"]
-STACKS = ["torchtitan", "megatron-core", "automodel"]
+STACKS = ["torchtitan", "torchtitan-2412", "megatron-core", "automodel"]
 
 
 def test_bundled_cards_are_all_there_and_load() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 from test_plan import TINY as TINY_CARD
@@ -21,6 +22,7 @@ from pp_opt.profiler.cards import model_card_from_dict
 from pp_opt.profiler.comm import ring_all_reduce_ms
 from pp_opt.profiler.layer_split import job_for_card
 from pp_opt.profiler.step_terms import (
+    fsdp_exposed_ms,
     model_flops_per_sequence,
     optimizer_ms,
     stage_all_reduce_ms,
@@ -77,13 +79,14 @@ def test_the_count_follows_from_the_legal_values() -> None:
     # tp in {1, 2, 4} (kv_heads 4), pp = 1 with dp = 4/tp; pinned mbs 1, v 1, loop, no switches
     pins = Pins(pp=(1,), mbs=(1,), v=(1,), placement=("loop",), recompute=False, offload=False)
     found = enumerate_configs(_inputs(gpus=4, batch=8), pins)
-    # tp 1: dp 4 (sharding on/off, or FSDP over the 4), tp 2: dp 2 (the same over 2), tp 4:
-    # dp 1 (off only); each under torchtitan's three checkpointing modes
-    layouts = [(1, 4, 1, False), (1, 4, 1, True), (1, 4, 4, False), (2, 2, 1, False),
-               (2, 2, 1, True), (2, 2, 2, False), (4, 1, 1, False)]  # fmt: skip
+    # tp 1: dp 4 (replicated, or FSDP over the 4), tp 2: dp 2 (the same over 2), tp 4: dp 1;
+    # each under torchtitan's three checkpointing modes. torchtitan has no sharded optimizer
+    # beside replicated weights, so the plan does not search one on its stack.
+    layouts = [(1, 4, 1, False), (1, 4, 4, False), (2, 2, 1, False), (2, 2, 2, False),
+               (4, 1, 1, False)]  # fmt: skip
     got = [(c.job.tp, c.job.dp, c.job.dp_shard, c.job.optimizer_sharding, c.job.ac)
            for c in found.configs]  # fmt: skip
-    assert len(got) == 21 and sorted(got) == sorted(
+    assert len(got) == 15 and sorted(got) == sorted(
         (*layout, ac) for layout in layouts for ac in ("none", "selective_op", "full")
     )
     assert found.skipped == {"tp does not divide gpus": 1}  # tp 8 of the node's divisors
@@ -91,7 +94,15 @@ def test_the_count_follows_from_the_legal_values() -> None:
                   offload=False, ac="none", dp_shard=(1,))  # fmt: skip
     old = [(c.job.tp, c.job.dp, c.job.optimizer_sharding)
            for c in enumerate_configs(_inputs(gpus=4, batch=8), narrow).configs]  # fmt: skip
-    assert old == [(1, 4, False), (1, 4, True), (2, 2, False), (2, 2, True), (4, 1, False)]
+    assert old == [(1, 4, False), (2, 2, False), (4, 1, False)]
+    same = dict(pp=(1,), mbs=(1,), v=(1,), placement=("loop",), recompute=False, offload=False)
+    pinned = Pins(**same, ac="none", dp_shard=(1,), optimizer_sharding=True)  # a pin gets it
+    assert [c.job.optimizer_sharding for c in enumerate_configs(
+        _inputs(gpus=4, batch=8), pinned).configs] == [True, True, False]  # fmt: skip
+    megatron = Pins(**same, ac="none", stack="megatron-core")
+    zero = {(c.job.tp, c.job.dp, c.job.optimizer_sharding)
+            for c in enumerate_configs(_inputs(gpus=4, batch=8), megatron).configs}  # fmt: skip
+    assert zero == {(1, 4, False), (1, 4, True), (2, 2, False), (2, 2, True), (4, 1, False)}
 
 
 def test_the_stack_names_the_checkpointing_modes_a_plan_searches() -> None:
@@ -204,7 +215,7 @@ def test_the_split_model_finds_the_brute_force_optimum(pp: int, v: int, placemen
 
 def test_a_tight_cap_moves_layers_off_the_stages_that_keep_most_in_flight() -> None:
     card = load_model_card("llama3-8b")
-    config = _config(pp=4, microbatches=16, seq=card.seq)
+    config = _config(pp=4, microbatches=16, seq=card.seq, stack="torchtitan-2412")  # DDP state
     tight = _model(config, card=card)
     # 1F1B keeps 4 microbatches on device 0: 9 layers there (with the static memory of the
     # embedding) do not fit 76 GiB, 9 on device 1 (3 in flight) do
@@ -292,10 +303,26 @@ def test_routed_experts_reduce_and_update_over_their_own_data_parallel_group() -
     assert reduce == pytest.approx(
         ring_all_reduce_ms(2 * dense, 8, *link) + ring_all_reduce_ms(2 * experts, 2, *link)
     )
-    (whole,) = stage_all_reduce_ms(_config(pp=1, dp=8, ep=8), H100, [dense + experts], [experts])
+    ddp = _config(pp=1, dp=8, ep=8, stack="torchtitan-2412")  # 0.3.0 would run FSDP2
+    (whole,) = stage_all_reduce_ms(ddp, H100, [dense + experts], [experts])
     assert whole == pytest.approx(ring_all_reduce_ms(2 * dense, 8, *link))
     updated = optimizer_ms(moe, H100, [dense + experts], [experts])
     assert updated == pytest.approx(optimizer_ms(moe, H100, [dense + 4 * experts]))  # 1/8, 1/2
+
+
+def test_one_shard_fsdp_all_reduces_over_the_replicas_in_each_backward() -> None:
+    """torchtitan 0.3.0 runs plain data parallelism as FSDP2 with one shard (HSDP over the
+    replicas): without a pipeline each layer's fp32 gradients are all-reduced in its backward,
+    exposed where the backward is shorter (here: no compute at all)."""
+    link = H100.intra_node_gbs, H100.intra_node_latency_us
+    plain = _config(pp=1, dp=8, microbatches=2)
+    assert (plain.dp_shard, plain.dp_replicate) == (1, 8)
+    layer = {"t_f": 0.0, "t_b": 0.0, "t_w": 0.0, "params": 1e8}
+    exposed = fsdp_exposed_ms(plain, TINY, H100, layer, root_params=3e7)
+    per_layer = ring_all_reduce_ms(4 * 1e8, 8, *link)
+    assert exposed == pytest.approx(ring_all_reduce_ms(4 * 3e7, 8, *link) + TINY.layers * per_layer)
+    ddp = _config(pp=1, dp=8, microbatches=2, stack="torchtitan-2412")  # the benchmark's DDP
+    assert fsdp_exposed_ms(ddp, TINY, H100, layer, root_params=3e7) == 0.0
 
 
 # --- ranking -------------------------------------------------------------------------------
@@ -359,7 +386,6 @@ def test_the_memory_test_agrees_with_the_split_model() -> None:
 
 
 def test_no_split_is_solved_for_when_the_devices_together_cannot_hold_the_layers() -> None:
-    from dataclasses import replace
 
     from pp_opt.planner.split import fits_in_total, split_candidates
 

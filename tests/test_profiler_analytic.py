@@ -96,7 +96,12 @@ def test_stage_extras_static_memory_links_and_offload() -> None:
     card = load_model_card("llama2-7b")
     from pp_opt.profiler.formulas import layer_params
 
-    assert devs[1]["static"] == 16 * 8 * layer_params(card)
+    # torchtitan 0.3.0 wraps the job in FSDP2 with one shard: under a pipeline it also holds
+    # bf16 copies of the weights and their fp32 gradients (16 + 2 + 4 bytes per parameter)
+    assert devs[1]["static"] >= 22 * 8 * layer_params(card)
+    old = profile_costs(model="llama2-7b", hardware="a100-80gb", pp=4, microbatches=8, mbs=1,
+                        stack="torchtitan-2412")  # fmt: skip
+    assert old["devices"][1]["static"] == 16 * 8 * layer_params(card)  # DDP: the state only
     assert devs[0]["cap"] == (80 - 4) * 2**30
     assert data["host_links"] == [[0, 1], [2, 3]]  # two A100s per PCIe switch
     assert data["t_comm"] == pytest.approx(0.01 + 1e3 * 2 * 4096 * 4096 / 300e9)  # NVLink
@@ -128,12 +133,17 @@ def test_uneven_layers_error_lists_splits_that_work() -> None:
 
 
 def test_weights_that_do_not_fit_say_by_how_much() -> None:
-    with pytest.raises(ProblemError, match=r"device 0: .* need 1\d\d\d\.\d GiB, .* GiB more than"):
+    with pytest.raises(ProblemError, match=r"device 0: .* need 1\d\d\d\.\d GiB \(optimizer st"):
         profile_costs(model="llama3-70b", hardware="a100-80gb", pp=1, microbatches=4)
     # 16 stages are not enough: the last one holds 5 layers and the 128k x 8k output layer
+    old = dict(model="llama3-70b", hardware="a100-80gb", microbatches=32, stack="torchtitan-2412")
     with pytest.raises(ProblemError, match=r"device 15: .* 3\.4 GiB more than the 76\.0 GiB cap"):
+        profile_costs(pp=16, **old)
+    profile_costs(pp=16, tp=2, **old)
+    # torchtitan 0.3.0's FSDP2 (one shard) holds bf16 weights and fp32 gradients beside them
+    with pytest.raises(ProblemError, match=r"device 15: .* GiB \(optimizer state 39\.7, para"):
         profile_costs(model="llama3-70b", hardware="a100-80gb", pp=16, microbatches=32)
-    profile_costs(model="llama3-70b", hardware="a100-80gb", pp=16, tp=2, microbatches=32)
+    profile_costs(model="llama3-70b", hardware="a100-80gb", pp=16, tp=4, microbatches=32)
 
 
 def _exit_code(argv: list[str]) -> int:

@@ -216,13 +216,16 @@ def test_split_backward_is_within_1e3_of_the_builtin(runs: dict[str, Any], name:
 
 
 def test_llama3_8b_config_file_loads_in_torchtitan(runs: dict[str, Any]) -> None:
-    """The demo job's config file (Llama-3 8B on torchtitan's own llama3_8b config) is one
-    torchtitan 0.3.0's config manager accepts as written."""
+    """A Llama-3 8B config file (on torchtitan's own llama3_8b config) is one torchtitan
+    0.3.0's config manager accepts as written, its data- and context-parallel degrees
+    included."""
     from pp_opt.export.torchtitan import torchtitan_config_file, torchtitan_settings
     from pp_opt.frameworks.torchtitan import BASE_CONFIGS
     from pp_opt.job import Job
 
-    job = Job(pp=4, microbatches=16, mbs=1, seq=8192, layers=(8, 9, 8, 7))  # global batch 16
+    # HSDP (4 shards x 2 replicas) and context parallelism 2: global batch 16 x 8 = 128
+    job = Job(pp=4, microbatches=16, mbs=1, seq=8192, layers=(8, 9, 8, 7), dp=8, dp_shard=4,
+              cp=2)  # fmt: skip
     settings = torchtitan_settings(job, n_layers=32, schedule_csv="plan.csv")
     folder = runs["work"] / "llama3_8b"
     folder.mkdir()
@@ -231,10 +234,13 @@ def test_llama3_8b_config_file_loads_in_torchtitan(runs: dict[str, Any]) -> None
     check = (
         "from torchtitan.config import ConfigManager\n"
         "c = ConfigManager().parse_args(['--module', 'tt_8b', '--config', 'pp_opt_plan'])\n"
-        "print(c.parallelism.module_fqns_per_model_part[-1][-1], c.training.local_batch_size)\n"
+        "p = c.parallelism\n"
+        "print(p.data_parallel_shard_degree, p.data_parallel_replicate_degree,\n"
+        "      p.context_parallel_degree, c.training.global_batch_size)\n"
+        "print(p.module_fqns_per_model_part[-1][-1], c.training.local_batch_size)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(folder)}
     done = subprocess.run([str(TT_PYTHON), "-c", check], cwd=folder, env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[-2:] == ["lm_head", "16"]
+    assert done.stdout.split()[-6:] == ["4", "2", "2", "128", "lm_head", "16"]

@@ -65,7 +65,7 @@ def test_a_job_without_a_pipeline_has_no_pipeline_key() -> None:
     s = _settings(pp=1, layers=[32], tp=2, global_batch=16)
     flags = " ".join(torchtitan_flags(s))
     assert "pipeline" not in flags and "module_fqns" not in flags and "cuda_graphs" not in flags
-    assert s["parallelism"] == {"tensor_parallel_degree": 2}
+    assert s["parallelism"] == {"tensor_parallel_degree": 2, "data_parallel_shard_degree": 1}
     assert s["training"]["local_batch_size"] == 2  # one microbatch; 8 accumulation steps
 
 
@@ -278,6 +278,32 @@ def test_expert_parallelism_is_torchtitans_degree() -> None:
         with pytest.raises(ProblemError) as err:
             _settings(**changes)
         assert err.value.field == field
+
+
+def test_the_data_and_context_parallel_degrees_are_written_out() -> None:
+    """Left out, torchtitan gives every rank tp x pp leaves to FSDP: a plain data-parallel
+    or context-parallel plan would run as another layout. A sharded optimizer beside
+    replicated weights is Megatron's, not torchtitan's: refused by name."""
+    assert _settings(dp=8, dp_shard=8)["parallelism"]["data_parallel_shard_degree"] == 8
+    plain = _settings(dp=8)["parallelism"]  # dp_replicate follows: 8 replicas of no shard
+    assert plain["data_parallel_shard_degree"] == 1 and plain["data_parallel_replicate_degree"] == 8
+    hsdp = _settings(dp=8, dp_shard=4, cp=2, global_batch=32)["parallelism"]
+    assert (hsdp["data_parallel_shard_degree"], hsdp["data_parallel_replicate_degree"],
+            hsdp["context_parallel_degree"]) == (4, 2, 2)  # fmt: skip
+    assert (
+        "context_parallel_degree" not in plain
+        and "data_parallel_replicate_degree" not in (_settings(dp=8, dp_shard=8)["parallelism"])
+    )
+    flags = " ".join(torchtitan_flags(_settings(dp=8, dp_shard=4, cp=2, global_batch=32)))
+    assert "--parallelism.context_parallel_degree 2" in flags
+    with pytest.raises(ProblemError) as err:
+        _settings(dp=8, optimizer_sharding=True)
+    assert err.value.field == "optimizer_sharding" and "dp_shard 8" in err.value.message
+    from pp_opt.planner.training import _torchtitan_refusal
+
+    zero = Job(pp=2, microbatches=4, seq=64, dp=8, optimizer_sharding=True)
+    assert _torchtitan_refusal(zero).startswith("optimizer_sharding:")
+    assert _torchtitan_refusal(Job(pp=2, microbatches=4, seq=64, dp=8)) == ""
 
 
 def test_a_plan_torchtitan_cannot_run_is_named_not_exported() -> None:

@@ -53,6 +53,20 @@ def test_megatron_even_split_needs_no_split_flag() -> None:
     ]  # fmt: skip
 
 
+def test_megatron_shards_the_data_parallel_state_as_the_job_does() -> None:
+    """Replicated is Megatron-LM's default; a sharded optimizer (the job's, or the
+    distributed optimizer a megatron-core stack always runs) and FSDP are flags."""
+    assert "--use-distributed-optimizer" not in _megatron(dp=4)
+    assert "--use-distributed-optimizer" in _megatron(dp=4, optimizer_sharding=True)
+    assert "--use-distributed-optimizer" in _megatron(dp=4, stack="megatron-core")
+    assert "--use-distributed-optimizer" not in _megatron(stack="megatron-core")  # dp 1
+    fsdp = _megatron(dp=4, dp_shard=4)
+    assert "--use-megatron-fsdp" in fsdp and "--use-distributed-optimizer" not in fsdp
+    with pytest.raises(ProblemError) as err:
+        _megatron(dp=4, dp_shard=2)
+    assert err.value.field == "dp_shard" and "dp_shard = dp" in err.value.message
+
+
 def test_megatron_even_interleaved_split() -> None:
     flags = _megatron(tp=2, v=2, layers=[4] * 8, recompute=True)
     assert _value(flags, "--num-layers-per-virtual-pipeline-stage") == "4"

@@ -48,7 +48,7 @@ def torchtitan_settings(
     counts = check_shape(job, n_layers=n_layers)
     mode = facts.job_mode(job.ac)
     ac_value, ac_splits = facts.activation_checkpoint(mode)
-    parallelism: dict[str, Any] = {}
+    parallelism: dict[str, Any] = data_parallel_keys(job)
     if job.tp > 1:
         parallelism["tensor_parallel_degree"] = job.tp
     parallelism.update(expert_keys(job))
@@ -81,6 +81,25 @@ def torchtitan_settings(
         "activation_checkpoint": mode,
         "activation_checkpoint_value": ac_value,
     }
+
+
+def data_parallel_keys(job: Job) -> dict[str, Any]:
+    """The data- and context-parallel degrees, written out: torchtitan 0.3.0 would otherwise
+    give every rank that tp x pp leaves to FSDP (``data_parallel_shard_degree = -1``,
+    replicate and context degrees 1), a layout other than the job's. Its data parallelism
+    is FSDP over ``dp_shard x cp``, replicated ``dp_replicate`` times (``ParallelismConfig``,
+    ``models/llama3/parallelize.py``); it has no sharded optimizer beside replicated weights."""
+    if job.optimizer_sharding and job.dp_shard == 1 and job.dp > 1:
+        raise ProblemError(
+            "optimizer_sharding", "torchtitan 0.3.0 shards the optimizer state only with FSDP; "
+            f"use dp_shard {job.dp} (FSDP) or leave the optimizer replicated",
+        )  # fmt: skip
+    keys: dict[str, Any] = {"data_parallel_shard_degree": job.dp_shard}
+    if job.dp_replicate > 1:
+        keys["data_parallel_replicate_degree"] = job.dp_replicate
+    if job.cp > 1:
+        keys["context_parallel_degree"] = job.cp
+    return keys
 
 
 def expert_keys(job: Job) -> dict[str, Any]:

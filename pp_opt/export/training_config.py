@@ -172,8 +172,31 @@ def megatron_flags(job: Job, *, n_layers: int | None = None, recompute: bool = F
         *_split_flags(counts, pp=job.pp, v=job.v),
         "--micro-batch-size", str(job.mbs),
         "--global-batch-size", str(job.global_batch),
+        *data_parallel_flags(job),
     ]  # fmt: skip
     return flags + expert_flags(job) + list(_checkpoint_flags(job, recompute=recompute))
+
+
+def data_parallel_flags(job: Job) -> list[str]:
+    """How Megatron-LM shards the job's data-parallel state (its data-parallel degree is what
+    tp x pp x cp leave). FSDP (``dp_shard`` > 1) is Megatron-FSDP over every data-parallel
+    rank (``--data-parallel-sharding-strategy`` default ``optim_grads_params``); a sharded
+    optimizer beside replicated weights, as the job asks or as a distributed-optimizer stack
+    always runs, is ``--use-distributed-optimizer``; without either the state is replicated
+    (Megatron-LM's default)."""
+    from pp_opt.profiler.stacks import load_stack_card
+
+    if job.dp_shard > 1:
+        if job.dp_shard != job.dp:
+            raise ProblemError(
+                "dp_shard", f"Megatron-FSDP shards over all {job.dp} data-parallel ranks, not "
+                f"{job.dp_shard}; use dp_shard = dp, or torchtitan for HSDP",
+            )  # fmt: skip
+        return ["--use-megatron-fsdp"]
+    distributed = load_stack_card(job.stack).optimizer == "distributed"
+    if job.dp * job.cp > 1 and (job.optimizer_sharding or distributed):
+        return ["--use-distributed-optimizer"]
+    return []
 
 
 MEGATRON_DISPATCHERS = {"alltoall": ("alltoall",), "allgather": ("allgather",),

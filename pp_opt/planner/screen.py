@@ -113,7 +113,8 @@ def _twins(config: Candidate, modes: Sequence[str]) -> list[Candidate]:
     """The configurations that ``config`` is worth trying only when none of them fits the
     classic schedule's memory: the same without recompute and offload; the same with a
     checkpointing mode that recomputes less (earlier in the stack's ``modes``); the same on
-    plain data parallelism (``dp_shard = 1``, optimizer sharded or not) instead of FSDP.
+    plain data parallelism (``dp_shard = 1``; the optimizer sharded too where the stack can)
+    instead of FSDP.
     Each runs the same layers at no more compute and, where it fits, no more memory
     pressure; FSDP's gathers and reduce-scatters cost what DP's all-reduce does or more."""
     job, out = config.job, []
@@ -123,7 +124,8 @@ def _twins(config: Candidate, modes: Sequence[str]) -> list[Candidate]:
     if job.ac in modes:
         out += [replace(plain, job=replace(job, ac=mode)) for mode in modes[: modes.index(job.ac)]]
     if job.dp_shard > 1 and job.dp_shard == job.dp:
-        for sharded in (True, False):
+        zero = load_stack_card(job.stack).optimizer == "distributed"
+        for sharded in (True, False)[not zero :]:
             flat = replace(job, dp_shard=1, dp_replicate=0, optimizer_sharding=sharded,
                            fp8_all_gather=None)  # fmt: skip
             out.append(replace(plain, job=flat))

@@ -120,15 +120,19 @@ def _chunk_values(
 def _switches(pins: Pins, dp: int, ac: str) -> list[tuple[bool, bool, bool]]:
     """``(recompute, offload, optimizer sharding)`` choices. The solver's own recompute and
     offload are tried on the model without checkpointing; a checkpointing mode the plan
-    picked itself (``ac`` unpinned) runs without them unless they are pinned on."""
+    picked itself (``ac`` unpinned) runs without them unless they are pinned on. The
+    optimizer is sharded beside replicated weights only where the stack does that
+    (Megatron-Core's distributed optimizer); an FSDP stack shards it through ``dp_shard``."""
     both = (False, True)
     off = (False,) if ac != "none" and pins.ac is None else both
     recompute = off if pins.recompute is None else (pins.recompute,)
     offload = off if pins.offload is None else (pins.offload,)
     if dp == 1:
         sharding: tuple[bool, ...] = (False,)
+    elif pins.optimizer_sharding is None:
+        sharding = both if load_stack_card(pins.stack).optimizer == "distributed" else (False,)
     else:
-        sharding = both if pins.optimizer_sharding is None else (pins.optimizer_sharding,)
+        sharding = (pins.optimizer_sharding,)
     return list(itertools.product(recompute, offload, sharding))
 
 

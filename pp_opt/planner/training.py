@@ -16,7 +16,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pp_opt.errors import ProblemError
-from pp_opt.export.torchtitan import expert_keys, torchtitan_flags, torchtitan_settings
+from pp_opt.export.torchtitan import (
+    data_parallel_keys,
+    expert_keys,
+    torchtitan_flags,
+    torchtitan_settings,
+)
 from pp_opt.export.training_config import megatron_flags
 from pp_opt.frameworks import torchtitan as titan
 from pp_opt.job import Job
@@ -184,10 +189,11 @@ def _stack_notes(job: Job) -> list[str]:
 
 
 def _torchtitan_refusal(job: Job) -> str:
-    """Why torchtitan cannot run ``job``'s layout ("" when it can): its expert parallelism
-    borrows only ``dp_shard x cp x tp`` ranks and has no expert TP; Megatron-Core's module
-    checkpointing is not one of its modes."""
+    """Why torchtitan cannot run ``job``'s layout ("" when it can): it shards the optimizer
+    only with FSDP; its expert parallelism borrows only ``dp_shard x cp x tp`` ranks and has
+    no expert TP; Megatron-Core's module checkpointing is not one of its modes."""
     try:
+        data_parallel_keys(job)
         expert_keys(job)
         titan.job_mode(job.ac)
     except ProblemError as err:

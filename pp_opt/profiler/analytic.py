@@ -341,15 +341,18 @@ def static_bytes(
     """What each device holds beside its activations (:func:`static_memory_terms` summed:
     weights, gradients and optimizer state, FSDP's unsharded copies, re-run transients,
     receive buffers, the allocator's cached buffers); fails when they alone overflow."""
-    static = [sum(t.values()) for t in static_memory_terms(card, stages, job, hw)]
+    terms = static_memory_terms(card, stages, job, hw)
+    static = [sum(t.values()) for t in terms]
     cap = hw.usable_bytes
     worst = max(range(job.pp), key=lambda d: static[d])
     if static[worst] > cap:
+        largest = sorted(terms[worst].items(), key=lambda kv: -kv[1])[:3]
+        named = ", ".join(f"{k.replace('_', ' ')} {v / GIB:.1f}" for k, v in largest)
         raise StaticMemoryError(
-            f"device {worst}: weights, gradients and optimizer state need "
-            f"{static[worst] / GIB:.1f} GiB, {(static[worst] - cap) / GIB:.1f} GiB more than the "
-            f"{cap / GIB:.1f} GiB cap of {hw.name} ({hw.hbm_gib:g} GiB minus {hw.reserve_gib:g} "
-            f"reserved); use a larger pp or tp, or fewer bytes per parameter",
+            f"device {worst}: weights, gradients, optimizer state and buffers need "
+            f"{static[worst] / GIB:.1f} GiB ({named} GiB), {(static[worst] - cap) / GIB:.1f} GiB "
+            f"more than the {cap / GIB:.1f} GiB cap of {hw.name} ({hw.hbm_gib:g} GiB minus "
+            f"{hw.reserve_gib:g} reserved); use a larger pp or tp, or fewer bytes per parameter",
             need=static[worst], cap=cap,
         )  # fmt: skip
     return static

@@ -58,8 +58,13 @@ def fsdp_shard(job: Job) -> int:
 
 
 def fsdp_on(job: Job) -> bool:
-    """Parameters, gradients and optimizer state sharded FSDP-style (a shard degree > 1)."""
-    return fsdp_shard(job) > 1
+    """FSDP runs the job: a shard degree > 1, or a stack that wraps every job in FSDP2 (one
+    shard: the state whole, the buffers and the fp32 reduction all the same) unless the job
+    asks for a sharded optimizer beside replicated weights, a runtime such a stack does not
+    have (its export refuses the job; pp_opt still costs it as asked)."""
+    if fsdp_shard(job) > 1:
+        return True
+    return load_stack_card(job.stack).fsdp_always and not job.optimizer_sharding
 
 
 def _degree(field: str, value: int) -> None:

@@ -17,7 +17,8 @@ the terms of a rank add up to its reported peak:
   fp32 from its first backward to its last (only the stages whose window holds the peak);
 * ``pipeline_buffers``: torch pipelining's per-microbatch receive buffers (activations and
   gradients);
-* ``output_logits``: the last stage's ``output_chunks`` (bf16 logits of every microbatch);
+* ``output_logits``: the last stage's ``output_chunks`` (bf16 logits of every microbatch),
+  where the stack's pipelining keeps them (:attr:`StackCard.keeps_stage_outputs`);
 * ``activations``: what the in-flight microbatches' layers keep for their backward, under
   the job's checkpointing mode;
 * ``loss``: the fp32 log-softmax the loss keeps per in-flight microbatch of the last stage
@@ -110,6 +111,7 @@ def static_terms(
     split = state_split(job, per_param)
     expert_split = state_split(job, per_param if expert_per_param is None else expert_per_param)
     pipelined = fsdp_on(job) and job.pp > 1  # torchtitan's runtime: FSDP2 on torch pipelining
+    keeps_outputs = load_stack_card(job.stack).keeps_stage_outputs
     tokens, last = job.mbs * job.seq / job.cp, len(stages) - 1
     message = card.dtype_bytes * tokens * card.hidden / job.tp
     for s, st in enumerate(stages):
@@ -122,7 +124,7 @@ def static_terms(
             mine["fsdp_accumulated_grads"] += held_gradient_bytes(job, st)
         if pipelined:
             mine["pipeline_buffers"] += job.microbatches * message * ((s > 0) + (s < last))
-            if s == last:
+            if s == last and keeps_outputs:
                 mine["output_logits"] += (job.microbatches * card.dtype_bytes * tokens
                                           * card.vocab / job.tp)  # fmt: skip
     for d, mine in enumerate(terms):

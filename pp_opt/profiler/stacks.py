@@ -67,6 +67,15 @@ class StackCard:
     """Under a pipeline, FSDP keeps each stage's gathered weights and fp32 gradients from
     its first forward to its last backward (torchtitan); False: it reshards after each
     layer, holding about two layers' worth (prefetch)."""
+    fsdp_always: bool = False
+    """FSDP2 wraps every job, with one shard or many (torchtitan 0.3.0): a job without FSDP
+    degree still keeps fp32 weights, gathers bf16 copies and, under a pipeline, holds them
+    and its fp32 gradients across the step, as :mod:`pp_opt.profiler.fsdp` counts for any
+    shard degree."""
+    keeps_stage_outputs: bool = True
+    """The last pipeline stage keeps every microbatch's output (bf16 logits) to the step's end
+    (torch pipelining's ``output_chunks``, of Dec 2024); False: the trainer asks for no
+    outputs (torchtitan 0.3.0 ``trainer.py``: ``step(..., return_outputs=False)``)."""
     memory_report: str = "reserved"
     """What its published memory means: ``reserved`` (torchtitan) or ``allocated``
     (Megatron-Core, NeMo: ``max allocated``)."""
@@ -107,7 +116,8 @@ class StackCard:
             raise ProblemError("stack.memory_report", "use reserved or allocated")
         if self.cp_kv_width not in ("kv", "query"):
             raise ProblemError("stack.cp_kv_width", "use kv or query")
-        for key in ("overlaps_pairs", "fsdp_holds_unsharded", "cp_serialized_when_compiled",
+        for key in ("overlaps_pairs", "fsdp_holds_unsharded", "fsdp_always",
+                    "keeps_stage_outputs", "cp_serialized_when_compiled",
                     "fp8_dispatch"):  # fmt: skip
             if not isinstance(getattr(self, key), bool):
                 raise ProblemError(f"stack.{key}", "expected true or false")

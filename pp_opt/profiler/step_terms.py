@@ -85,9 +85,7 @@ def stage_all_reduce_ms(config: Job, hardware: HardwareCard, params: Sequence[fl
     if config.pp == 1:
         return [0.0 for _ in params]
     shard, replicate = fsdp_links(config, hardware)
-    return [ring_reduce_scatter_ms(FSDP_GRAD_BYTES * n, fsdp_shard(config), *shard)
-            + ring_all_reduce_ms(FSDP_GRAD_BYTES * n / fsdp_shard(config), config.dp_replicate,
-                                 *replicate)
+    return [reduce_ms(config, FSDP_GRAD_BYTES * n, shard, replicate)
             + ring_reduce_scatter_ms(FSDP_GRAD_BYTES * e, config.edp, *shard)
             for n, e in zip(dense, experts, strict=True)]  # fmt: skip
 
@@ -110,11 +108,12 @@ def fsdp_exposed_ms(config: Job, model: ModelCard, hardware: HardwareCard,
     the first layer's all-gather is exposed and the others hide behind a layer's forward
     (:func:`fsdp.pipelined_exposed_time`; the reduce-scatters go by :func:`stage_all_reduce_ms`).
     Without one, each layer's all-gather runs in F and again in B (resharded after forward),
-    prefetched one layer ahead, and its reduce-scatter in B; the root's are exposed.
+    prefetched one layer ahead, and its reduction in B (HSDP's all-reduce over the replicas
+    included); the root's are exposed.
     """
     if not fsdp_on(config):
         return 0.0
-    (gbs, latency), _ = fsdp_links(config, hardware)
+    (gbs, latency), replicas = fsdp_links(config, hardware)
     param_bytes = 1.0 if config.fp8_all_gather else 2.0
     gather = ring_all_gather_ms(param_bytes * layer["params"], fsdp_shard(config), gbs, latency)
     if config.pp > 1:
@@ -123,14 +122,22 @@ def fsdp_exposed_ms(config: Job, model: ModelCard, hardware: HardwareCard,
             first_layer_gather_s=gather / 1e3, layer_gather_s=gather / 1e3,
             layer_forward_s=layer["t_f"] / 1e3, layers=layers, last_stage_reduce_scatter_s=0.0,
         )  # fmt: skip
-    scatter = ring_reduce_scatter_ms(FSDP_GRAD_BYTES * layer["params"], fsdp_shard(config), gbs,
-                                     latency)  # fmt: skip
+    scatter = reduce_ms(config, FSDP_GRAD_BYTES * layer["params"], (gbs, latency), replicas)
     root = ring_all_gather_ms(2.0 * root_params, fsdp_shard(config), gbs, latency)
-    root += ring_reduce_scatter_ms(FSDP_GRAD_BYTES * root_params, fsdp_shard(config), gbs, latency)
+    root += reduce_ms(config, FSDP_GRAD_BYTES * root_params, (gbs, latency), replicas)
     per_layer = exposed_per_layer(gather, layer["t_f"]) + exposed_per_layer(
         gather + scatter, layer["t_b"] + layer["t_w"]
     )
     return root + model.layers * per_layer
+
+
+def reduce_ms(config: Job, nbytes: float, shard: tuple[float, float],
+              replicas: tuple[float, float]) -> float:  # fmt: skip
+    """FSDP2's gradient reduction of ``nbytes``: a reduce-scatter over the shard group, then
+    (HSDP) an all-reduce of the shard over the replicas."""
+    return ring_reduce_scatter_ms(nbytes, fsdp_shard(config), *shard) + ring_all_reduce_ms(
+        nbytes / fsdp_shard(config), config.dp_replicate, *replicas
+    )
 
 
 def optimizer_ms(config: Job, hardware: HardwareCard, device_params: Sequence[float],
