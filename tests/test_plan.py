@@ -330,3 +330,18 @@ def test_the_defaults_take_the_degrees_of_the_best_after_refinement(monkeypatch)
     plan = small_plan(workers=1)
     assert plan.baselines and asked == [plan.candidates[0].candidate]
     assert plan.candidates[0].step_time < plan.candidates[1].step_time / 1.5
+
+
+def test_time_left_after_the_search_prepares_and_solves_the_configurations_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Preparation stops at its share of the limit (a 405B plan left 916 configurations
+    unsplit and finished at 300 s of 600); time left after the search and its refinement
+    splits, bounds and solves them. Here preparation has no time at all."""
+    import pp_opt.planner.pipeline as pipeline
+    from pp_opt.planner.search import NOT_PREPARED
+
+    monkeypatch.setattr(pipeline, "PREPARE_SHARE", 0.0)
+    plan = small_plan(workers=1)
+    assert plan.candidates and plan.candidates[0].ok
+    assert NOT_PREPARED not in plan.pruned, plan.pruned

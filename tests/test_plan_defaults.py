@@ -152,3 +152,21 @@ def test_a_default_whose_weights_alone_overflow_is_infeasible_and_says_by_how_mu
     assert got.status == "infeasible", got.note
     name, _, size, _, _, cap = got.largest_term.split()
     assert name == "static" and float(size) > float(cap) == pytest.approx(hw.usable_bytes / GIB)
+
+
+def test_a_best_without_pipeline_is_compared_with_the_pipeline_defaults_too() -> None:
+    """Llama 3.1 405B on 512 GPUs: the best may run FSDP x TP with no pipeline; the defaults
+    then also take the best pipelined candidate's degrees, so that torchtitan's 1F1B and
+    Interleaved1F1B are in the comparison."""
+    from pp_opt.planner.evaluate import Scored
+    from pp_opt.planner.pipeline import default_anchors
+
+    def scored(step: float, **over: object) -> Scored:
+        return Scored(candidate=_best(**over), order="solve", status="optimal",
+                      step_time=step, peak_memory=[1.0], static_memory=0.5)  # fmt: skip
+
+    flat = scored(1.0, pp=1, dp=64, microbatches=4, optimizer_sharding=False)
+    deep, deeper = scored(2.0), scored(3.0, pp=8, dp=8, microbatches=32)
+    assert default_anchors([flat, deep, deeper]) == [flat, deep]
+    assert default_anchors([deep, flat]) == [deep]
+    assert default_anchors([flat]) == [flat] and default_anchors([]) == []

@@ -127,10 +127,11 @@ def test_prepare_stops_splitting_at_its_deadline_and_counts_the_rest() -> None:
 
     pins = Pins(tp=(1,), pp=(2,), ac="none", dp_shard=(1,), mbs=(1,))
     configs = enumerate_configs(INPUTS, pins).configs
-    _, bounded, pruned = prepare(INPUTS, pins)
-    assert bounded and NOT_PREPARED not in pruned
-    _, none, late = prepare(INPUTS, pins, deadline=time.perf_counter() - 1)
+    _, bounded, pruned, waiting = prepare(INPUTS, pins)
+    assert bounded and NOT_PREPARED not in pruned and waiting == []
+    _, none, late, waiting = prepare(INPUTS, pins, deadline=time.perf_counter() - 1)
     assert none == [] and late[NOT_PREPARED] == len(configs)
+    assert sorted(c.key() for c in waiting) == sorted(c.key() for c in configs)  # for later
 
 
 def test_the_memory_time_bound_holds_where_the_activations_barely_fit() -> None:

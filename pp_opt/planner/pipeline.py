@@ -72,20 +72,31 @@ PREPARE_SHARE = 0.2
 
 def prepare(
     inputs: PlanInputs, pins: Pins, *, splits: int = 2, deadline: float | None = None
-) -> tuple[Enumeration, list[Bounded], Counter[str]]:
+) -> tuple[Enumeration, list[Bounded], Counter[str], list[Candidate]]:
     """Steps 1 to 3: the legal configurations, their split candidates with bounds, and the
     infeasible ones counted by reason (a configuration without a split counts once).
 
     Configurations are split in the screen's order (a large search's: best estimate first),
     and the candidates without recompute and offload bounded before those with them; past
     ``deadline`` (:func:`time.perf_counter`) the rest are counted under
-    :data:`NOT_PREPARED` (configurations not split, candidates not bounded)."""
+    :data:`NOT_PREPARED` (configurations not split, candidates not bounded) and the
+    configurations not split are returned last, in order, for a search with time left."""
     enumeration = enumerate_configs(inputs, pins)
     if not enumeration.configs:
         reasons = ", ".join(sorted(enumeration.skipped)) or "nothing to try"
         raise ProblemError("gpus", f"no legal configuration ({reasons}); change the pins")
     configs, screened = screen(inputs, enumeration.configs)
     pruned: Counter[str] = Counter(screened)
+    bounded, waiting = prepare_configs(inputs, configs, pruned, splits=splits, deadline=deadline)
+    return enumeration, bounded, pruned, waiting
+
+
+def prepare_configs(
+    inputs: PlanInputs, configs: Sequence[Candidate], pruned: Counter[str], *, splits: int,
+    deadline: float | None,
+) -> tuple[list[Bounded], list[Candidate]]:  # fmt: skip
+    """Split and bound ``configs`` in order until ``deadline`` (counted into ``pruned``);
+    the bounded candidates, and the configurations not reached."""
 
     def late() -> bool:
         return deadline is not None and time.perf_counter() > deadline
@@ -93,9 +104,11 @@ def prepare(
     cache: dict[Job, list[tuple[int, ...]]] = {}
     bounded: list[Bounded] = []
     variants: list[Candidate] = []  # with recompute or offload: bounded after the others
+    waiting: list[Candidate] = []
     for n, config in enumerate(configs):
         if late():
             pruned[NOT_PREPARED] += len(configs) - n
+            waiting = list(configs[n:])
             break
         candidates, unsplit = split_layers(inputs, [config], count=splits, cache=cache)
         if unsplit:
@@ -113,7 +126,7 @@ def prepare(
     for b in bounded:
         if b.infeasible is not None:
             pruned[f"infeasible: {b.infeasible}"] += 1
-    return enumeration, bounded, pruned
+    return bounded, waiting
 
 
 def plan(
@@ -178,11 +191,12 @@ def plan(
     )
     try:
         ready = started + PREPARE_SHARE * time_limit
-        enumeration, bounded, pruned = prepare(inputs, pins, splits=splits, deadline=ready)
+        enumeration, bounded, pruned, waiting = prepare(inputs, pins, splits=splits,
+                                                        deadline=ready)  # fmt: skip
         found, defaults = _search(
             inputs, pins, bounded, pruned, runner, configs=enumeration.configs,
-            started=started, time_limit=time_limit, keep=keep, seed=seed, threads=threads,
-            refine_top=refine_top, progress=progress, stop=stop,
+            waiting=waiting, splits=splits, started=started, time_limit=time_limit, keep=keep,
+            seed=seed, threads=threads, refine_top=refine_top, progress=progress, stop=stop,
         )  # fmt: skip
     finally:
         if owned:
@@ -200,15 +214,15 @@ def plan(
 
 def _search(
     inputs: PlanInputs, pins: Pins, bounded: list[Bounded], pruned: Counter[str],
-    runner: Executor, *, configs: Sequence[Candidate],
-    started: float, time_limit: float, keep: int, seed: int, threads: int, refine_top: int,
-    progress: ProgressFn | None, stop: StopToken,
+    runner: Executor, *, configs: Sequence[Candidate], waiting: Sequence[Candidate],
+    splits: int, started: float, time_limit: float, keep: int, seed: int, threads: int,
+    refine_top: int, progress: ProgressFn | None, stop: StopToken,
 ) -> tuple[SearchResult, list[Scored]]:  # fmt: skip
     """Steps 4 and 5: the simple points first (:mod:`pp_opt.planner.simple`), then the
     survivors best-bound first, refine the best with the time left but what the defaults
     need, then run the defaults beside the best after refinement (the plan's answer: a
     candidate screened first may lose its place, and the defaults compare with the best's
-    degrees)."""
+    degrees; :func:`default_anchors`)."""
     end = started + time_limit * (1 - FINISH_MARGIN)
     feasible = sum(b.infeasible is None for b in bounded)
     short = short_limit(time_limit, feasible, runner.workers)
@@ -223,12 +237,61 @@ def _search(
     reserve = BASELINE_ROUNDS * short * -(-BASELINE_JOBS // runner.workers)
     refine(inputs, found, runner, count=refine_top, deadline=end - reserve, seed=seed,
            threads=threads, stop=stop)  # fmt: skip
+    if (
+        waiting
+        and stop.requested is None
+        and end - reserve - time.perf_counter() > MORE_LEAST * short
+    ):
+        _solve_waiting(inputs, waiting, found, runner, splits=splits, short=short,
+                       deadline=end - reserve, keep=keep, seed=seed, threads=threads,
+                       stop=stop)  # fmt: skip
     ranked = sorted((s for s in found.scored if s.ok), key=Scored.sort_key)
     defaults: list[Scored] = []
-    if ranked and stop.requested is None:
-        defaults = _baselines(inputs, pins, ranked[0], runner, short=short, seed=seed,
-                              threads=threads, deadline=end)  # fmt: skip
+    for anchor in default_anchors(ranked):
+        if stop.requested is not None or (defaults and time.perf_counter() + reserve > end):
+            break
+        defaults += _baselines(inputs, pins, anchor, runner, short=short, seed=seed,
+                               threads=threads, deadline=end)  # fmt: skip
     return found, defaults
+
+
+MORE_LEAST = 4.0
+"""Screening limits of time left after refinement below which the configurations that
+preparation did not reach stay unsolved."""
+
+
+def _solve_waiting(
+    inputs: PlanInputs, waiting: Sequence[Candidate], found: SearchResult, runner: Executor, *,
+    splits: int, short: float, deadline: float, keep: int, seed: int, threads: int,
+    stop: StopToken,
+) -> None:  # fmt: skip
+    """With time left after the search and its refinement, the configurations preparation
+    did not reach: split and bound them in order (half the time), and solve their survivors
+    against everything found so far, into ``found``."""
+    now = time.perf_counter()
+    pruned: Counter[str] = Counter()
+    bounded, left = prepare_configs(inputs, waiting, pruned, splits=splits,
+                                    deadline=now + (deadline - now) / 2)  # fmt: skip
+    pruned[NOT_PREPARED] -= len(waiting)  # counted once already, by the first preparation
+    more = solve_survivors(inputs, bounded, runner, short=short, deadline=deadline, keep=keep,
+                           seed=seed, threads=threads, pruned=pruned, stop=stop,
+                           known=found.scored)  # fmt: skip
+    found.scored += more.scored
+    found.pruned = +(
+        found.pruned + more.pruned
+    )  # the configurations now prepared leave NOT_PREPARED
+    log.debug("%d configurations prepared late, %d still waiting", len(waiting) - len(left),
+              len(left))  # fmt: skip
+
+
+def default_anchors(ranked: Sequence[Scored]) -> list[Scored]:
+    """Whose degrees the defaults take: the best's; when it has no pipeline, also the best
+    pipelined candidate's, so that the frameworks' pipeline schedules (1F1B, Interleaved1F1B)
+    are compared too (time allowing)."""
+    if not ranked:
+        return []
+    piped = next((s for s in ranked if s.candidate.job.pp > 1), None)
+    return [ranked[0]] + ([piped] if ranked[0].candidate.job.pp == 1 and piped else [])
 
 
 def _with_training(result: Plan) -> Plan:

@@ -116,10 +116,12 @@ def solve_survivors(
     progress: ProgressFn | None = None,
     stop: StopToken | None = None,
     first: Sequence[Bounded] = (),
+    known: Sequence[Scored] = (),
 ) -> SearchResult:
     """Solve the feasible ``first`` candidates (the simple points), then the feasible
-    ``bounded`` ones, each best-bound first, pruning by ``keep``; a candidate of
-    ``bounded`` that is one of ``first`` is solved once, with them."""
+    ``bounded`` ones, each best-bound first, pruning by ``keep`` (among these and the
+    ``known`` results of an earlier search); a candidate of ``bounded`` that is one of
+    ``first`` is solved once, with them."""
     started = time.perf_counter() if started is None else started
     out = SearchResult(pruned=Counter(pruned or {}))
     ahead = sorted((b for b in first if b.infeasible is None), key=_order)
@@ -150,7 +152,7 @@ def solve_survivors(
                 break
             item = queue[i]
             i += 1
-            if item.step_bound > _kth_best(out.scored, keep) + 1e-9:
+            if item.step_bound > _kth_best([*known, *out.scored], keep) + 1e-9:
                 out.pruned[PRUNED_BY_BOUND] += 1
                 continue
             twin = plain.get(_solved_as(_plain(item.candidate)))
