@@ -100,6 +100,7 @@ def row_result(row: dict[str, Any], got: Prediction) -> dict[str, Any]:
         "tps_ratio": tps / meas["tps_per_gpu"], "measured_gib": meas["memory_gib"],
         "predicted_gib": gib, "memory_ratio": gib / meas["memory_gib"],
         "step_time_ms": got.step_time, "status": got.status, "gap": got.gap,
+        "note": got.note,
     }  # fmt: skip
 
 
@@ -298,6 +299,11 @@ def write_markdown(path: Path, results: list[dict[str, Any]], verdict: dict[str,
     fitted = {row for ids in FIT_ROWS.values() for row in ids}
     rows = [{**r, "row": r["id"] + (" (fitted)" if r["id"] in fitted else ""),
              "m": r["microbatches"], "v": r["stages_per_rank"]} for r in results]  # fmt: skip
+
+    for r in rows:  # no schedule fits: nothing predicted ("-")
+        if r["status"] == "infeasible":
+            r.update(dict.fromkeys(("predicted_tps", "tps_ratio", "predicted_gib",
+                                    "memory_ratio")))  # fmt: skip
     columns = [("row", "row", text), ("schedule", "schedule", text), ("m", "m", text),
                ("v", "stages/rank", text), ("measured_tps", "TPS/GPU measured", text),
                ("predicted_tps", "predicted", fixed(0)), ("tps_ratio", "ratio", fixed(3)),
@@ -312,7 +318,9 @@ def write_markdown(path: Path, results: list[dict[str, Any]], verdict: dict[str,
                f"{verdict.get('other_tables_tps_within_20pct')}, within 15% in memory: "
                f"{verdict.get('other_tables_memory_within_15pct')}; ranked as measured within "
                f"each table: {ranked}.")  # fmt: skip
-    parts = [("", table(rows, columns)), ("", summary)]
+    infeasible = "; ".join(f"{r['id']}: infeasible ({r['note']})" for r in results
+                           if r["status"] == "infeasible")  # fmt: skip
+    parts = [("", table(rows, columns)), ("", summary + (f" {infeasible}." if infeasible else ""))]
     if moe:
         moe_columns = [("id", "MoE run", text), ("tflops", "TFLOPS/GPU published", text),
                        ("measured_tps", "TPS/GPU measured", text),

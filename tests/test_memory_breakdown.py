@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from pp_opt.job import Job
 from pp_opt.planner.predict import predict, prediction_job
 from pp_opt.profiler.analytic import (
     stage_costs,
@@ -13,7 +14,7 @@ from pp_opt.profiler.analytic import (
     static_memory_terms,
     unit_costs,
 )
-from pp_opt.profiler.cards import load_hardware_card, load_model_card
+from pp_opt.profiler.cards import GIB, load_hardware_card, load_model_card
 from pp_opt.profiler.memory_breakdown import (
     TERMS,
     allocator_static_bytes,
@@ -102,3 +103,22 @@ def test_context_parallel_shards_the_state() -> None:
     ref = predict(**{**base, "global_batch": 8, "dp_shard": 8}, seq=32768).memory_breakdown[0]
     for term in ("parameters", "gradients", "optimizer_state"):
         assert got[term] == pytest.approx(ref[term], rel=1e-6)
+
+
+def test_the_cap_keeps_the_reported_reserved_peak_on_the_card() -> None:
+    """The allocator's fragmentation applies to what comes and goes within a pipelined step,
+    the held fp32 gradients as well as the activations (as the reported peak counts it): at
+    the cap, ``s + A + share (A + H)`` is the card's usable memory, so a schedule the solver
+    accepts is never reported above the card."""
+    from pp_opt.profiler.memory_breakdown import cap_bytes, fragmentation_share
+
+    hw = load_hardware_card("h100-96gb-500w")
+    job = Job(pp=8, microbatches=8, seq=8192, tp=8, dp=8, dp_shard=8)
+    share = fragmentation_share(hw, job)
+    assert share > 0
+    static, held = [40 * GIB, 50 * GIB], [20 * GIB, 24 * GIB]
+    cap = cap_bytes(hw, job, static, held)
+    room = [cap - s for s in static]
+    reserved = [s + a + share * (a + h) for s, a, h in zip(static, room, held, strict=True)]
+    assert max(reserved) == pytest.approx(hw.usable_bytes)
+    assert cap < cap_bytes(hw, job, static)  # without the held gradients: above the card

@@ -191,8 +191,7 @@ def plan(
     )
     try:
         ready = started + PREPARE_SHARE * time_limit
-        enumeration, bounded, pruned, waiting = prepare(inputs, pins, splits=splits,
-                                                        deadline=ready)  # fmt: skip
+        enumeration, bounded, pruned, waiting = prepare(inputs, pins, splits=splits, deadline=ready)
         found, defaults = _search(
             inputs, pins, bounded, pruned, runner, configs=enumeration.configs,
             waiting=waiting, splits=splits, started=started, time_limit=time_limit, keep=keep,

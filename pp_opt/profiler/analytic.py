@@ -38,7 +38,12 @@ from pp_opt.profiler.job_costs import (
 )
 from pp_opt.profiler.kernels import elementwise_bytes
 from pp_opt.profiler.layer_split import stage_total
-from pp_opt.profiler.memory_breakdown import cap_bytes, static_terms
+from pp_opt.profiler.memory_breakdown import (
+    cap_bytes,
+    fragmentation_share,
+    held_bytes_per_device,
+    static_terms,
+)
 from pp_opt.profiler.moe import layer_unit as moe_layer_unit
 from pp_opt.profiler.moe import mtp_costs, uses_layer_model
 from pp_opt.profiler.stacks import StackCard, load_stack_card
@@ -344,16 +349,20 @@ def static_bytes(
     terms = static_memory_terms(card, stages, job, hw)
     static = [sum(t.values()) for t in terms]
     cap = hw.usable_bytes
-    worst = max(range(job.pp), key=lambda d: static[d])
-    if static[worst] > cap:
-        largest = sorted(terms[worst].items(), key=lambda kv: -kv[1])[:3]
+    share = fragmentation_share(hw, job)
+    held = held_bytes_per_device(job, stages)
+    need = [s + share * h for s, h in zip(static, held, strict=True)]
+    worst = max(range(job.pp), key=lambda d: need[d])
+    if need[worst] > cap:
+        parts = {**terms[worst], "fragmentation_of_held_gradients": share * held[worst]}
+        largest = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
         named = ", ".join(f"{k.replace('_', ' ')} {v / GIB:.1f}" for k, v in largest)
         raise StaticMemoryError(
             f"device {worst}: weights, gradients, optimizer state and buffers need "
-            f"{static[worst] / GIB:.1f} GiB ({named} GiB), {(static[worst] - cap) / GIB:.1f} GiB "
+            f"{need[worst] / GIB:.1f} GiB ({named} GiB), {(need[worst] - cap) / GIB:.1f} GiB "
             f"more than the {cap / GIB:.1f} GiB cap of {hw.name} ({hw.hbm_gib:g} GiB minus "
             f"{hw.reserve_gib:g} reserved); use a larger pp or tp, or fewer bytes per parameter",
-            need=static[worst], cap=cap,
+            need=need[worst], cap=cap,
         )  # fmt: skip
     return static
 
@@ -387,6 +396,7 @@ def profile_analytic(card: ModelCard, hw: HardwareCard, job: Job) -> CostProfile
     static = static_bytes(card, stages, job, hw)
     log.debug("analytic profile of %s on %s: %d stages", card.name, hw.name, len(stages))
     return CostProfile(job=job, kind="analytic", model=card, hardware=hw, stages=tuple(stages),
-                       static=tuple(static), cap=cap_bytes(hw, job, static),
+                       static=tuple(static),
+                       cap=cap_bytes(hw, job, static, held_bytes_per_device(job, stages)),
                        bytes_per_param=job_bytes_per_param(job),
                        links=link_costs(card, hw, job))  # fmt: skip

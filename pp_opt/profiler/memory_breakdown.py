@@ -230,14 +230,29 @@ def fragmentation_share(hw: HardwareCard, job: Job) -> float:
     return hw.pipeline_fragmentation if job.pp > 1 else 0.0
 
 
-def cap_bytes(hw: HardwareCard, job: Job, static: Sequence[float]) -> float:
+def cap_bytes(
+    hw: HardwareCard, job: Job, static: Sequence[float], held: Sequence[float] = ()
+) -> float:
     """The allocated bytes a device may reach so that its reserved peak fits the card's usable
-    memory: the static bytes and the rest over ``1 + fragmentation`` (the tightest device)."""
+    memory (the tightest device). ``static`` counts the fp32 gradients a pipelined FSDP stage
+    holds (``held``, per device) as always held; they come and go like the activations, so the
+    allocator's fragmentation applies to both: ``s + A + share (A + H) <= usable``, as
+    :func:`pp_opt.profiler.memory_peak.device_peaks` reports the reserved peak."""
     share = fragmentation_share(hw, job)
     usable = hw.usable_bytes
     if not static:
         return usable
-    return min(s + max(usable - s, 0.0) / (1 + share) for s in static)
+    held = list(held) or [0.0] * len(static)
+    return min(s + max(usable - s - share * h, 0.0) / (1 + share)
+               for s, h in zip(static, held, strict=True))  # fmt: skip
+
+
+def held_bytes_per_device(job: Job, stages: Sequence[StageCost]) -> list[float]:
+    """Per device, the fp32 gradients its stages hold at most (:func:`held_gradient_bytes`)."""
+    held = [0.0] * job.pp
+    for st in stages:
+        held[st.device] += held_gradient_bytes(job, st)
+    return held
 
 
 def breakdown_table(breakdown: Sequence[dict[str, float]]) -> str:
