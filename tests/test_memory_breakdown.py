@@ -122,3 +122,11 @@ def test_the_cap_keeps_the_reported_reserved_peak_on_the_card() -> None:
     reserved = [s + a + share * (a + h) for s, a, h in zip(static, room, held, strict=True)]
     assert max(reserved) == pytest.approx(hw.usable_bytes)
     assert cap < cap_bytes(hw, job, static)  # without the held gradients: above the card
+
+
+def test_an_infeasible_prediction_names_its_largest_term() -> None:
+    """Table 5's job without checkpointing: the note says what overflows, in the reserved
+    memory the card is measured by."""
+    got = predict(**{**T5, "ac": "none"}, schedule="1F1B")
+    assert got.status == "infeasible" and got.step_time is None
+    assert "largest term at its peak: activations" in got.note and got.note.endswith(" GiB")

@@ -83,7 +83,9 @@ class Prediction:
             step_time=scored.step_time, tokens_per_s_per_gpu=scored.tokens_per_s_per_gpu,
             mfu=scored.mfu, peak_memory=list(scored.peak_memory), status=scored.status,
             gap=scored.gap, iteration_makespan=scored.iteration_makespan,
-            dp_sync=scored.dp_sync, optimizer_step=scored.optimizer_step, note=scored.note,
+            dp_sync=scored.dp_sync, optimizer_step=scored.optimizer_step,
+            note=scored.note + (f"; largest term at its peak: {scored.largest_term} GiB"
+                                if scored.largest_term else ""),
             memory_breakdown=[dict(rank) for rank in scored.memory_breakdown],
         )  # fmt: skip
 
