@@ -181,8 +181,9 @@ class Job:
     fp8: bool = option(False, "Float8 linear layers.", plan="allow", label=" fp8")
     """Float8 linear layers (torchtitan's Float8, all block linears; not the output layer)."""
     fp8_all_gather: bool | None = option(
-        None, "FSDP all-gathers Float8 weights.", commands=(), plan="fixed"
-    )
+        None, "FSDP all-gathers Float8 weights (default: whenever Float8 runs under FSDP).",
+        commands=("predict", "profile"), plan="fixed", negatable=True,
+    )  # fmt: skip
     """FSDP all-gathers Float8 weights in FP8 (torchtitan's ``enable_fsdp_float8_all_gather``);
     None: whenever Float8 runs under FSDP, sharded over ``dp_shard x cp`` (torchtitan's Float8
     configurations set it)."""
