@@ -446,3 +446,38 @@ def test_refinement_first_gives_ten_seconds_to_more_candidates() -> None:
         limits = [limit for _, limit in executor.submitted]
         assert limits[: len(first)] == [10.0] * len(first)
         assert sum(limits[len(first) :]) == pytest.approx(left, rel=0.01)  # the fakes take no time
+
+
+def test_split_rows_are_the_reserved_bytes_the_profile_cap_counts() -> None:
+    """Table 5's 405B job on the 500 W card (a pipelined step's fragmentation): the split
+    model's rows are the profile's static bytes plus the fragmentation of the held fp32
+    gradients, and its activations carry their share too, so a split the model fits is one
+    the profile's cap (:func:`pp_opt.profiler.memory_breakdown.cap_bytes`) accepts."""
+    from pp_opt.planner.candidates import config_split_model
+    from pp_opt.planner.split import MEMORY_SCALE
+    from pp_opt.profiler.analytic import static_memory_terms
+    from pp_opt.profiler.memory_breakdown import fragmentation_share, held_bytes_per_device
+
+    card, hw = load_model_card("llama3.1-405b"), load_hardware_card("h100-96gb-500w")
+    job = Job(tp=8, pp=8, dp=8, dp_shard=8, mbs=4, microbatches=8, seq=8192, ac="full",
+              fp8=True, compile=True, async_tp=True)  # fmt: skip
+    inputs = PlanInputs(model=card, hardware=hw, gpus=512, global_batch=256, seq=8192)
+    model = config_split_model(inputs, job)
+    share = fragmentation_share(hw, job)
+    assert share > 0
+    split = (15, 16, 16, 16, 16, 17, 16, 14)  # not the even split the rows are anchored on
+    placed = job.with_layers(split)
+    stages = stage_costs(card, hw, placed)
+    held = held_bytes_per_device(placed, stages)
+    need = [
+        sum(t.values()) + share * h
+        for t, h in zip(static_memory_terms(card, stages, placed, hw), held, strict=True)
+    ]
+    rows = model.memory(split, (0,) * model.stages)
+    for row, bytes_ in zip(rows, need, strict=True):
+        assert abs(row * MEMORY_SCALE - bytes_) <= 3 * MEMORY_SCALE
+    one = model.memory(split, (1,) * model.stages)
+    activations = [s.m_b for s in stages]
+    for d, (with_one, row) in enumerate(zip(one, rows, strict=True)):
+        expected = (1 + share) * activations[d]  # each layer's MiB rounded up in the model
+        assert abs((with_one - row) * MEMORY_SCALE - expected) <= (split[d] + 2) * MEMORY_SCALE

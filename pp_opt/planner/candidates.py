@@ -6,7 +6,9 @@ where a pipelined FSDP stage holds them, the all-gathered weights and accumulate
 per parameter of a stage's layers; what no split moves (receive buffers, the output logits,
 a backward's transients, the allocator's cached buffers) per device, so that the rows are
 the profiler's static bytes on the even split (an MoE model's dense layers, which the model
-counts as MoE layers, make that part negative where they lie). Without them a split that
+counts as MoE layers, make that part negative where they lie). On a card with a pipelined
+step's fragmentation, the rows are reserved bytes as the profile's cap counts them: the
+activations and the held gradients each with their share of it. Without them a split that
 fits the model may overflow the profile (DeepSeek-V3 with FSDP: 1,880 of 1,960 split
 candidates were then rejected as static memory over the cap).
 """
@@ -30,16 +32,23 @@ from pp_opt.profiler.analytic import (
     unit_costs,
 )
 from pp_opt.profiler.fsdp import unsharded_bytes
-from pp_opt.profiler.memory_breakdown import fsdp_param_bytes, holds_unsharded
+from pp_opt.profiler.memory_breakdown import (
+    fragmentation_share,
+    fsdp_param_bytes,
+    held_bytes_per_device,
+    holds_unsharded,
+)
 
 
-def held_per_param(job: Job) -> tuple[float, float]:
+def held_per_param(job: Job, *, fragmentation: float = 0.0) -> tuple[float, float]:
     """Bytes per parameter a pipelined FSDP stage holds unsharded across the step (its
-    all-gathered weights and accumulated gradients), for the dense and the routed expert
-    parameters (FSDP leaves experts whole when ``edp = 1``); zero otherwise."""
+    all-gathered weights and accumulated gradients, the gradients' ``fragmentation`` share of
+    reserved bytes with them), for the dense and the routed expert parameters (FSDP leaves
+    experts whole when ``edp = 1``); zero otherwise."""
     if not holds_unsharded(job):
         return 0.0, 0.0
-    held = unsharded_bytes(1.0, param_bytes=fsdp_param_bytes(job))
+    grads = unsharded_bytes(1.0, param_bytes=0.0)
+    held = unsharded_bytes(1.0, param_bytes=fsdp_param_bytes(job)) + fragmentation * grads
     return held, held if job.edp > 1 else 0.0
 
 
@@ -55,16 +64,21 @@ def config_split_model(inputs: PlanInputs, job: Job, units: UnitCosts | None = N
     memory rows the profiler's static terms (see the module)."""
     card, hw = inputs.model, inputs.hardware
     units = unit_costs(card, hw, job) if units is None else units
-    dense, experts = held_per_param(job)
+    share = fragmentation_share(hw, job)  # on the held gradients and the activations
+    dense, experts = held_per_param(job, fragmentation=share)
     per, per_expert = job_bytes_per_param(job) + dense, expert_bytes_per_param(job) + experts
     t_comm = link_costs(card, hw, job).t_comm
     model = split_model(job, units, layers=card.layers, bytes_per_param=per,
-                        cap=hw.cap_bytes, t_comm=t_comm,
-                        expert_bytes_per_param=per_expert)  # fmt: skip
+                        cap=hw.cap_bytes, t_comm=t_comm, expert_bytes_per_param=per_expert,
+                        activation_scale=1 + share)  # fmt: skip
     split = even_split(card.layers, job.stages)
     even = job.with_layers(split)
-    real = [sum(t.values()) for t in static_memory_terms(card, stage_costs(card, hw, even),
-                                                          even, hw)]  # fmt: skip
+    stages = stage_costs(card, hw, even)
+    held = held_bytes_per_device(even, stages)
+    real = [
+        sum(t.values()) + share * h
+        for t, h in zip(static_memory_terms(card, stages, even, hw), held, strict=True)
+    ]
     mine = model.memory(split, (0,) * model.stages)  # the layers' state as the model counts it
     reserved = tuple(math.ceil(r / MEMORY_SCALE) - x for r, x in zip(real, mine, strict=True))
     return replace(model, reserved=reserved)

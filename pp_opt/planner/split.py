@@ -161,15 +161,15 @@ def _hops(devices: Sequence[int], stage: int) -> int:
     return sum(1 for s in range(stage) if devices[s] != devices[s + 1])
 
 
-def _units(costs: dict[str, float], bytes_per_param: float, expert_bytes: float
-           ) -> tuple[int, int, int, int, int]:  # fmt: skip
+def _units(costs: dict[str, float], bytes_per_param: float, expert_bytes: float,
+           activation_scale: float = 1.0) -> tuple[int, int, int, int, int]:  # fmt: skip
     experts = costs.get("expert_params", 0.0)
     static = (costs["params"] - experts) * bytes_per_param + experts * expert_bytes
     return (
         round(costs["t_f"] * TIME_SCALE),
         round(costs["t_b"] * TIME_SCALE),
         round(costs["t_w"] * TIME_SCALE),
-        math.ceil(costs["m_b"] / MEMORY_SCALE),
+        math.ceil(costs["m_b"] * activation_scale / MEMORY_SCALE),
         math.ceil(static / MEMORY_SCALE),
     )
 
@@ -183,17 +183,20 @@ def split_model(
     cap: float,
     t_comm: float,
     expert_bytes_per_param: float | None = None,
+    activation_scale: float = 1.0,
 ) -> SplitModel:
     """The split problem of ``job`` from the profiler's per-layer costs (routed experts'
-    static bytes at ``expert_bytes_per_param``, default ``bytes_per_param``)."""
+    static bytes at ``expert_bytes_per_param``, default ``bytes_per_param``; activations
+    times ``activation_scale``, the reserved bytes the allocator keeps per allocated one)."""
     experts = bytes_per_param if expert_bytes_per_param is None else expert_bytes_per_param
+    scale = activation_scale
     return SplitModel(
         layers=layers,
         devices=job.stage_devices,
         m=job.microbatches,
-        layer=_units(units.layer, bytes_per_param, experts),
-        first=_units(units.embedding, bytes_per_param, experts),
-        last=_units(units.head, bytes_per_param, experts),
+        layer=_units(units.layer, bytes_per_param, experts, scale),
+        first=_units(units.embedding, bytes_per_param, experts, scale),
+        last=_units(units.head, bytes_per_param, experts, scale),
         t_comm=round(t_comm * TIME_SCALE),
         room=math.floor(cap / MEMORY_SCALE),
         k=tuple(in_flight(job.placement, job.pp, job.v, job.microbatches)),
