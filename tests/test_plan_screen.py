@@ -157,3 +157,25 @@ def test_the_memory_time_bound_holds_where_the_activations_barely_fit() -> None:
         problem = candidate_problem(c, candidate_profile(inputs, c))
         assert work is not None and memory > work
         assert memory <= lower_bound(problem) * (1 + 1e-9)
+
+
+def test_candidates_left_unbounded_wait_for_a_search_with_time_left() -> None:
+    """Split candidates with recompute or offload are bounded after the others; those the
+    deadline leaves are returned with the unsplit configurations, and a later preparation
+    bounds them without splitting them again."""
+    import time
+    from collections import Counter
+
+    from pp_opt.planner.pipeline import prepare, prepare_configs
+    from pp_opt.planner.search import NOT_PREPARED
+
+    pins = Pins(tp=(1,), pp=(2,), ac="none", dp_shard=(1,), mbs=(1,))
+    _, everything, _, _ = prepare(INPUTS, pins)
+    variants = [b.candidate for b in everything if b.candidate.recompute or b.candidate.offload]
+    assert variants and all(c.job.layers for c in variants)
+    late: Counter[str] = Counter()
+    none, waiting = prepare_configs(INPUTS, variants, late, splits=2,
+                                    deadline=time.perf_counter() - 1)  # fmt: skip
+    assert none == [] and waiting == variants and late[NOT_PREPARED] == len(variants)
+    again, left = prepare_configs(INPUTS, waiting, Counter(), splits=2, deadline=None)
+    assert left == [] and [b.candidate for b in again] == variants

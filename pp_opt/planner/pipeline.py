@@ -79,8 +79,8 @@ def prepare(
     Configurations are split in the screen's order (a large search's: best estimate first),
     and the candidates without recompute and offload bounded before those with them; past
     ``deadline`` (:func:`time.perf_counter`) the rest are counted under
-    :data:`NOT_PREPARED` (configurations not split, candidates not bounded) and the
-    configurations not split are returned last, in order, for a search with time left."""
+    :data:`NOT_PREPARED` (configurations not split, candidates not bounded) and returned
+    last, in order, for a search with time left."""
     enumeration = enumerate_configs(inputs, pins)
     if not enumeration.configs:
         reasons = ", ".join(sorted(enumeration.skipped)) or "nothing to try"
@@ -95,8 +95,9 @@ def prepare_configs(
     inputs: PlanInputs, configs: Sequence[Candidate], pruned: Counter[str], *, splits: int,
     deadline: float | None,
 ) -> tuple[list[Bounded], list[Candidate]]:  # fmt: skip
-    """Split and bound ``configs`` in order until ``deadline`` (counted into ``pruned``);
-    the bounded candidates, and the configurations not reached."""
+    """Split and bound ``configs`` in order until ``deadline`` (counted into ``pruned``; a
+    config whose layers are split already is only bounded); the bounded candidates, and what
+    was not reached (configurations not split, candidates not bounded)."""
 
     def late() -> bool:
         return deadline is not None and time.perf_counter() > deadline
@@ -110,6 +111,9 @@ def prepare_configs(
             pruned[NOT_PREPARED] += len(configs) - n
             waiting = list(configs[n:])
             break
+        if config.job.layers:  # a split candidate left unbounded by an earlier preparation
+            variants.append(config)
+            continue
         candidates, unsplit = split_layers(inputs, [config], count=splits, cache=cache)
         if unsplit:
             pruned[NO_SPLIT] += unsplit
@@ -121,6 +125,7 @@ def prepare_configs(
     for n, c in enumerate(variants):
         if late():
             pruned[NOT_PREPARED] += len(variants) - n
+            waiting += variants[n:]
             break
         bounded.append(bound_candidate(inputs, c))
     for b in bounded:
