@@ -455,8 +455,8 @@ def test_split_rows_are_the_reserved_bytes_the_profile_cap_counts() -> None:
     the profile's cap (:func:`pp_opt.profiler.memory_breakdown.cap_bytes`) accepts."""
     from pp_opt.planner.candidates import config_split_model
     from pp_opt.planner.split import MEMORY_SCALE
-    from pp_opt.profiler.analytic import static_memory_terms
-    from pp_opt.profiler.memory_breakdown import fragmentation_share, held_bytes_per_device
+    from pp_opt.profiler.analytic import reserved_static_terms
+    from pp_opt.profiler.memory_breakdown import fragmentation_share
 
     card, hw = load_model_card("llama3.1-405b"), load_hardware_card("h100-96gb-500w")
     job = Job(tp=8, pp=8, dp=8, dp_shard=8, mbs=4, microbatches=8, seq=8192, ac="full",
@@ -468,11 +468,9 @@ def test_split_rows_are_the_reserved_bytes_the_profile_cap_counts() -> None:
     split = (15, 16, 16, 16, 16, 17, 16, 14)  # not the even split the rows are anchored on
     placed = job.with_layers(split)
     stages = stage_costs(card, hw, placed)
-    held = held_bytes_per_device(placed, stages)
-    need = [
-        sum(t.values()) + share * h
-        for t, h in zip(static_memory_terms(card, stages, placed, hw), held, strict=True)
-    ]
+    terms = reserved_static_terms(card, stages, placed, hw)
+    assert all(t["fragmentation_of_held_gradients"] > 0 for t in terms)
+    need = [sum(t.values()) for t in terms]
     rows = model.memory(split, (0,) * model.stages)
     for row, bytes_ in zip(rows, need, strict=True):
         assert abs(row * MEMORY_SCALE - bytes_) <= 3 * MEMORY_SCALE

@@ -27,15 +27,14 @@ from pp_opt.profiler.analytic import (
     expert_bytes_per_param,
     job_bytes_per_param,
     link_costs,
+    reserved_static_terms,
     stage_costs,
-    static_memory_terms,
     unit_costs,
 )
 from pp_opt.profiler.fsdp import unsharded_bytes
 from pp_opt.profiler.memory_breakdown import (
     fragmentation_share,
     fsdp_param_bytes,
-    held_bytes_per_device,
     holds_unsharded,
 )
 
@@ -73,12 +72,8 @@ def config_split_model(inputs: PlanInputs, job: Job, units: UnitCosts | None = N
                         activation_scale=1 + share)  # fmt: skip
     split = even_split(card.layers, job.stages)
     even = job.with_layers(split)
-    stages = stage_costs(card, hw, even)
-    held = held_bytes_per_device(even, stages)
-    real = [
-        sum(t.values()) + share * h
-        for t, h in zip(static_memory_terms(card, stages, even, hw), held, strict=True)
-    ]
+    real = [sum(t.values()) for t in reserved_static_terms(card, stage_costs(card, hw, even),
+                                                            even, hw)]  # fmt: skip
     mine = model.memory(split, (0,) * model.stages)  # the layers' state as the model counts it
     reserved = tuple(math.ceil(r / MEMORY_SCALE) - x for r, x in zip(real, mine, strict=True))
     return replace(model, reserved=reserved)

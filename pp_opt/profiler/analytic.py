@@ -346,16 +346,12 @@ def static_bytes(
     """What each device holds beside its activations (:func:`static_memory_terms` summed:
     weights, gradients and optimizer state, FSDP's unsharded copies, re-run transients,
     receive buffers, the allocator's cached buffers); fails when they alone overflow."""
-    terms = static_memory_terms(card, stages, job, hw)
-    static = [sum(t.values()) for t in terms]
+    terms = reserved_static_terms(card, stages, job, hw)
+    need = [sum(t.values()) for t in terms]
     cap = hw.usable_bytes
-    share = fragmentation_share(hw, job)
-    held = held_bytes_per_device(job, stages)
-    need = [s + share * h for s, h in zip(static, held, strict=True)]
     worst = max(range(job.pp), key=lambda d: need[d])
     if need[worst] > cap:
-        parts = {**terms[worst], "fragmentation_of_held_gradients": share * held[worst]}
-        largest = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
+        largest = sorted(terms[worst].items(), key=lambda kv: -kv[1])[:3]
         named = ", ".join(f"{k.replace('_', ' ')} {v / GIB:.1f}" for k, v in largest)
         raise StaticMemoryError(
             f"device {worst}: weights, gradients, optimizer state and buffers need "
@@ -364,7 +360,26 @@ def static_bytes(
             f"{hw.reserve_gib:g} reserved); use a larger pp or tp, or fewer bytes per parameter",
             need=need[worst], cap=cap,
         )  # fmt: skip
-    return static
+    return [n - t[HELD_FRAGMENTATION] for n, t in zip(need, terms, strict=True)]
+
+
+HELD_FRAGMENTATION = "fragmentation_of_held_gradients"
+"""The reserved bytes the allocator's fragmentation adds to a pipelined FSDP stage's held
+fp32 gradients (:func:`reserved_static_terms`)."""
+
+
+def reserved_static_terms(
+    card: ModelCard, stages: list[StageCost], job: Job, hw: HardwareCard
+) -> list[dict[str, float]]:
+    """Per device, :func:`static_memory_terms` and :data:`HELD_FRAGMENTATION`: what the cap
+    (:func:`pp_opt.profiler.memory_breakdown.cap_bytes`) counts as reserved beside the
+    activations, and the split model's rows (:mod:`pp_opt.planner.candidates`)."""
+    share = fragmentation_share(hw, job)
+    held = held_bytes_per_device(job, stages)
+    return [
+        {**t, HELD_FRAGMENTATION: share * h}
+        for t, h in zip(static_memory_terms(card, stages, job, hw), held, strict=True)
+    ]
 
 
 def link_costs(card: ModelCard, hw: HardwareCard, job: Job) -> LinkCosts:
