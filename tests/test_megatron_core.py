@@ -23,6 +23,8 @@ CONFIGS: list[dict[str, Any]] = [
     dict(tp=1, pp=4, v=1, layers=[8, 9, 7, 8], recompute=False),
     dict(tp=1, pp=4, v=1, layers=[8] * 4, recompute=False, full_layers=(3,) * 4),
     dict(tp=1, pp=4, v=1, layers=[8] * 4, recompute=False, ac="selective"),
+    dict(tp=1, pp=4, v=1, layers=[8] * 4, recompute=False, dp=8, dp_shard=4),
+    dict(tp=1, pp=4, v=1, layers=[8] * 4, recompute=False, dp=8, optimizer_sharding=True),
     dict(
         tp=2,
         pp=4,
@@ -49,17 +51,20 @@ def _printed() -> set[str]:
 
 
 def _job(c: dict[str, Any]) -> Job:
-    extra = {k: c[k] for k in ("dp", "cp", "ep", "etp", "dispatcher", "overlap") if k in c}
+    keys = ("dp", "cp", "ep", "etp", "dispatcher", "overlap", "dp_shard", "optimizer_sharding")
+    extra = {k: c[k] for k in keys if k in c}
     return Job(pp=c["pp"], v=c["v"], tp=c["tp"], layers=tuple(c["layers"]), mbs=1,
                microbatches=16, seq=4096, full_layers=c.get("full_layers", ()),
                ac=c.get("ac", "none"), **extra)  # fmt: skip
 
 
 def _fields(config: str) -> set[str]:
+    from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.model_parallel_config import ModelParallelConfig
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    cls = {"ModelParallelConfig": ModelParallelConfig, "TransformerConfig": TransformerConfig}
+    cls = {"ModelParallelConfig": ModelParallelConfig, "TransformerConfig": TransformerConfig,
+           "DistributedDataParallelConfig": DistributedDataParallelConfig}  # fmt: skip
     return {f.name for f in dataclasses.fields(cls[config])}
 
 
@@ -156,3 +161,22 @@ def test_printed_context_parallel_flags_pass_megatron_core_checks() -> None:
                                context_parallel_size=2, cp_comm_type="p2p")  # fmt: skip
     assert config.context_parallel_size == 2
     assert "--context-parallel-size" not in megatron_flags(_job(CONFIGS[0]), n_layers=32)
+
+
+def test_printed_fsdp_flags_make_megatron_core_shard() -> None:
+    """An FSDP job's flags give megatron-core's DDP config Megatron-FSDP sharding parameters,
+    gradients and optimizer state (the flag's default, ``no_shard``, shards nothing), with the
+    replicas as distributed-optimizer instances (HSDP)."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    printed = megatron_flags(_job(next(c for c in CONFIGS if c.get("dp_shard"))), n_layers=32)
+    values = {MEGATRON_FLAGS[f].field: printed[i + 1] for i, f in enumerate(printed)
+              if f.startswith("--") and MEGATRON_FLAGS[f].config == "DistributedDataParallelConfig"
+              and i + 1 < len(printed) and not printed[i + 1].startswith("--")}  # fmt: skip
+    config = DistributedDataParallelConfig(
+        use_megatron_fsdp=True, data_parallel_sharding_strategy=values[
+            "data_parallel_sharding_strategy"],
+        num_distributed_optimizer_instances=int(values["num_distributed_optimizer_instances"]),
+    )  # fmt: skip
+    assert config.data_parallel_sharding_strategy == "optim_grads_params"
+    assert config.num_distributed_optimizer_instances == 2

@@ -282,6 +282,27 @@ def test_training_settings_name_the_split_and_the_degrees(serial: Plan) -> None:
     assert serial.training["candidate"] == best.candidate.label()  # plan() fills it
 
 
+def test_training_settings_of_an_fsdp_job_name_megatron_fsdp_and_its_environment(
+    serial: Plan,
+) -> None:
+    """Megatron-FSDP asserts ``CUDA_DEVICE_MAX_CONNECTIONS`` is not 1: the settings say so
+    beside its flags, and the report prints it; a job without FSDP gets neither."""
+    from dataclasses import replace
+
+    from pp_opt.planner.report import training_lines
+    from pp_opt.planner.training import training_settings
+
+    best = next(s for s in serial.candidates if s.job.placement != "v")
+    plain = training_settings(best, n_layers=6)
+    assert "megatron_env" not in plain
+    job = replace(best.candidate.job, dp=2, dp_shard=2, dp_replicate=1)
+    fsdp = replace(best, candidate=replace(best.candidate, job=job))
+    settings = training_settings(fsdp, n_layers=6)
+    assert "--use-megatron-fsdp" in settings["megatron"]
+    assert settings["megatron_env"] == "unset CUDA_DEVICE_MAX_CONNECTIONS"
+    assert any("unset CUDA_DEVICE_MAX_CONNECTIONS" in line for line in training_lines(settings))
+
+
 def test_a_stop_request_ends_the_plan_with_what_was_solved() -> None:
     from pp_opt.planner.search import NOT_SOLVED_INTERRUPTED
 

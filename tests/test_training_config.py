@@ -62,9 +62,14 @@ def test_megatron_shards_the_data_parallel_state_as_the_job_does() -> None:
     assert "--use-distributed-optimizer" not in _megatron(stack="megatron-core")  # dp 1
     fsdp = _megatron(dp=4, dp_shard=4)
     assert "--use-megatron-fsdp" in fsdp and "--use-distributed-optimizer" not in fsdp
-    with pytest.raises(ProblemError) as err:
-        _megatron(dp=4, dp_shard=2)
-    assert err.value.field == "dp_shard" and "dp_shard = dp" in err.value.message
+    # Megatron-LM core_v0.16.1 defaults the sharding strategy to no_shard and asserts the
+    # fsdp_dtensor checkpoint format with Megatron-FSDP (arguments.py:2307, 690)
+    assert _value(fsdp, "--data-parallel-sharding-strategy") == "optim_grads_params"
+    assert _value(fsdp, "--ckpt-format") == "fsdp_dtensor"
+    assert "--num-distributed-optimizer-instances" not in fsdp
+    hsdp = _megatron(dp=4, dp_shard=2)  # two replicas of a 2-way shard group
+    assert _value(hsdp, "--num-distributed-optimizer-instances") == "2"
+    assert _value(hsdp, "--data-parallel-sharding-strategy") == "optim_grads_params"
 
 
 def test_megatron_even_interleaved_split() -> None:

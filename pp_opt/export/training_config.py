@@ -179,24 +179,33 @@ def megatron_flags(job: Job, *, n_layers: int | None = None, recompute: bool = F
 
 def data_parallel_flags(job: Job) -> list[str]:
     """How Megatron-LM shards the job's data-parallel state (its data-parallel degree is what
-    tp x pp x cp leave). FSDP (``dp_shard`` > 1) is Megatron-FSDP over every data-parallel
-    rank (``--data-parallel-sharding-strategy`` default ``optim_grads_params``); a sharded
-    optimizer beside replicated weights, as the job asks or as a distributed-optimizer stack
-    always runs, is ``--use-distributed-optimizer``; without either the state is replicated
-    (Megatron-LM's default)."""
+    tp x pp x cp leave). FSDP (``dp_shard`` > 1) is Megatron-FSDP sharding parameters,
+    gradients and optimizer state (``optim_grads_params``: Megatron-LM core_v0.16.1 defaults
+    ``--data-parallel-sharding-strategy`` to ``no_shard``, which shards nothing) over
+    ``dp_shard x cp`` ranks, replicated ``dp_replicate`` times (HSDP: the replicas are
+    ``--num-distributed-optimizer-instances``, ``mcore_fsdp_adapter.py``: ``enable_hsdp``),
+    saved as ``fsdp_dtensor`` (``arguments.py`` asserts that format with Megatron-FSDP). A
+    sharded optimizer beside replicated weights, as the job asks or as a
+    distributed-optimizer stack always runs, is ``--use-distributed-optimizer``; without
+    either the state is replicated (Megatron-LM's default)."""
     from pp_opt.profiler.stacks import load_stack_card
 
     if job.dp_shard > 1:
-        if job.dp_shard != job.dp:
-            raise ProblemError(
-                "dp_shard", f"Megatron-FSDP shards over all {job.dp} data-parallel ranks, not "
-                f"{job.dp_shard}; use dp_shard = dp, or torchtitan for HSDP",
-            )  # fmt: skip
-        return ["--use-megatron-fsdp"]
+        flags = ["--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+                 "optim_grads_params", "--ckpt-format", "fsdp_dtensor"]  # fmt: skip
+        if job.dp_replicate > 1:
+            flags += ["--num-distributed-optimizer-instances", str(job.dp_replicate)]
+        return flags
     distributed = load_stack_card(job.stack).optimizer == "distributed"
     if job.dp * job.cp > 1 and (job.optimizer_sharding or distributed):
         return ["--use-distributed-optimizer"]
     return []
+
+
+MEGATRON_FSDP_ENV = "unset CUDA_DEVICE_MAX_CONNECTIONS"
+"""What a Megatron-FSDP job's environment needs: Megatron-LM asserts
+``CUDA_DEVICE_MAX_CONNECTIONS`` is not 1 with ``--use-megatron-fsdp`` (``arguments.py``),
+and Megatron-LM's example scripts set it to 1 for tensor-parallel overlap."""
 
 
 MEGATRON_DISPATCHERS = {"alltoall": ("alltoall",), "allgather": ("allgather",),

@@ -28,7 +28,8 @@ class MegatronFlag:
     flag: str
     """The flag."""
     config: str
-    """``ModelParallelConfig`` or ``TransformerConfig`` (megatron-core), or ``''``."""
+    """``ModelParallelConfig``, ``TransformerConfig`` or ``DistributedDataParallelConfig``
+    (megatron-core), or ``''``."""
     field: str
     """The field of ``config`` the flag sets (``''`` when it sets none)."""
     declared: str
@@ -81,6 +82,25 @@ MEGATRON_FLAGS: dict[str, MegatronFlag] = {
                      field="overlap_moe_expert_parallel_comm", declared=""),
         MegatronFlag(flag="--delay-wgrad-compute", config="TransformerConfig",
                      field="delay_wgrad_compute", declared=""),
+        MegatronFlag(flag="--use-distributed-optimizer",
+                     config="DistributedDataParallelConfig", field="use_distributed_optimizer",
+                     declared="megatron/training/arguments.py:2283, copied into the DDP config"),
+        MegatronFlag(flag="--use-megatron-fsdp", config="DistributedDataParallelConfig",
+                     field="use_megatron_fsdp",
+                     declared="megatron/training/arguments.py:2305, copied into the DDP config"),
+        MegatronFlag(flag="--data-parallel-sharding-strategy",
+                     config="DistributedDataParallelConfig",
+                     field="data_parallel_sharding_strategy",
+                     declared="megatron/training/arguments.py:2307 (default no_shard), copied "
+                     "into the DDP config"),
+        MegatronFlag(flag="--num-distributed-optimizer-instances",
+                     config="DistributedDataParallelConfig",
+                     field="num_distributed_optimizer_instances",
+                     declared="megatron/training/arguments.py:2333, copied into the DDP "
+                     "config (Megatron-FSDP: HSDP when above 1)"),
+        MegatronFlag(flag="--ckpt-format", config="", field="",
+                     declared="megatron/training/training_config.py:411 (CheckpointConfig; "
+                     "arguments.py:690 asserts fsdp_dtensor with --use-megatron-fsdp)"),
         MegatronFlag(flag="--micro-batch-size", config="", field="",
                      declared="megatron/training/training_config.py:10 (TrainingConfig, "
                      "flags built at arguments.py:2003)"),

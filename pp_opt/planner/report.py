@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
+from typing import Any
 
 from pp_opt.planner.evaluate import SOLVED, Scored
 from pp_opt.planner.result import Plan
@@ -104,8 +105,14 @@ def plan_report(plan: Plan, *, top: int = 10) -> str:
             lines.append(
                 f"{title}: " + "; ".join(f"{n} {why}" for why, n in sorted(counts.items()))
             )
-    training = plan.training
-    lines += [f"note: {note}" for note in training.get("notes", [])]
+    lines += training_lines(plan.training)
+    return "\n".join(lines)
+
+
+def training_lines(training: dict[str, Any]) -> list[str]:
+    """The plan's notes and the flags its best takes: torchtitan's, Megatron-LM's and the
+    environment Megatron-LM needs for them."""
+    lines = [f"note: {note}" for note in training.get("notes", [])]
     if "schedule_csv_note" in training:
         lines.append(f"note: {training['schedule_csv_note']}")
     if "torchtitan" in training:
@@ -114,6 +121,8 @@ def plan_report(plan: Plan, *, top: int = 10) -> str:
                      + shlex.join(titan["flags"]))  # fmt: skip
     if "megatron" in training:
         lines.append("Megatron-LM: " + shlex.join(training["megatron"]))
+        if "megatron_env" in training:
+            lines.append(f"Megatron-LM environment: {training['megatron_env']}")
     if "megatron_note" in training:
         lines.append(f"Megatron-LM: {training['megatron_note']}")
-    return "\n".join(lines)
+    return lines

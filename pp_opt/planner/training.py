@@ -22,7 +22,7 @@ from pp_opt.export.torchtitan import (
     torchtitan_flags,
     torchtitan_settings,
 )
-from pp_opt.export.training_config import megatron_flags
+from pp_opt.export.training_config import MEGATRON_FSDP_ENV, megatron_flags
 from pp_opt.frameworks import torchtitan as titan
 from pp_opt.job import Job
 from pp_opt.ops import OpKind
@@ -69,6 +69,8 @@ def training_settings(
     out["torchtitan"] = {**settings, "flags": torchtitan_flags(settings)}
     try:
         out["megatron"] = megatron_flags(job, n_layers=n_layers, recompute=best.candidate.recompute)
+        if "--use-megatron-fsdp" in out["megatron"]:
+            out["megatron_env"] = MEGATRON_FSDP_ENV
     except ProblemError as err:  # Megatron-LM has no V placement
         out["megatron_note"] = str(err)
     return out
