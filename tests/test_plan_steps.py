@@ -122,6 +122,26 @@ def test_the_stack_names_the_checkpointing_modes_a_plan_searches() -> None:
     ]  # fmt: skip
 
 
+def test_data_parallel_ranks_across_nodes_also_try_hsdp_within_a_node() -> None:
+    """32 GPUs, 8 per node: tp 1 leaves dp 32, whose FSDP can shard over a node's 8 ranks
+    (4 replicas, HSDP) as well as over all 32; tp 2 shards over 4; tp 8 fills the node, so
+    its shard group of one is plain data parallelism."""
+    pins = Pins(pp=(1,), mbs=(1,), v=(1,), placement=("loop",), recompute=False,
+                offload=False, ac="none")  # fmt: skip
+    found = enumerate_configs(_inputs(gpus=32, batch=32), pins)
+    shards: dict[int, set[tuple[int, int]]] = {}
+    for c in found.configs:
+        shards.setdefault(c.job.tp, set()).add((c.job.dp_shard, c.job.dp_replicate))
+    assert shards[1] == {(1, 32), (8, 4), (32, 1)}
+    assert shards[2] == {(1, 16), (4, 4), (16, 1)}
+    assert shards[4] == {(1, 8), (2, 4), (8, 1)}
+    assert 8 not in shards or shards[8] == {(1, 4), (4, 1)}
+    pinned = Pins(pp=(1,), mbs=(1,), v=(1,), placement=("loop",), recompute=False,
+                  offload=False, ac="none", dp_shard=(32,))  # fmt: skip
+    assert {c.job.dp_shard for c in enumerate_configs(_inputs(gpus=32, batch=32),
+                                                       pinned).configs} == {32}  # fmt: skip
+
+
 def test_pinned_values_that_do_not_divide_are_skipped_and_counted() -> None:
     pins = Pins(
         tp=(1, 3),

@@ -9,8 +9,9 @@ A dimension a user pinned takes the pinned values; the others take every legal v
 (without checkpointing, unless pinned); the optimizer state is sharded over ``dp`` or not
 (only ``dp > 1`` has a choice). Without
 pins, ``ac`` takes every checkpointing mode the stack runs (its card's ``ac_modes``) and the
-data-parallel ranks run plain (``dp_shard = 1``) or FSDP over all of them
-(``dp_shard = dp``, torchtitan's default), where the stack shards its state FSDP-style. A
+data-parallel ranks run plain (``dp_shard = 1``), FSDP over all of them (``dp_shard = dp``,
+torchtitan's default) or, where they span nodes, HSDP with a node's ranks in each shard
+group, where the stack shards its state FSDP-style. A
 pinned value that breaks a rule is skipped and counted under its reason.
 """
 
@@ -146,7 +147,7 @@ def _data_parallel(
             skipped["tp * pp * cp does not divide gpus"] += 1
             continue
         dp = inputs.gpus // (tp * pp * cp)
-        for shard in pins.dp_shard or _shard_values(pins, dp):
+        for shard in pins.dp_shard or _shard_values(inputs, pins, dp, tp * cp):
             if dp % shard:
                 skipped["dp_shard does not divide dp"] += 1
             else:
@@ -154,12 +155,18 @@ def _data_parallel(
     return out
 
 
-def _shard_values(pins: Pins, dp: int) -> tuple[int, ...]:
-    """Unpinned FSDP degrees: none, and over every data-parallel rank (torchtitan's
-    ``data_parallel_shard_degree = -1``) where the stack's FSDP shards the state."""
-    if dp > 1 and load_stack_card(pins.stack).optimizer == "fsdp":
-        return (1, dp)
-    return (1,)
+def _shard_values(inputs: PlanInputs, pins: Pins, dp: int, group: int) -> tuple[int, ...]:
+    """Unpinned FSDP degrees, where the stack's FSDP shards the state: none, over every
+    data-parallel rank (torchtitan's ``data_parallel_shard_degree = -1``), and, where those
+    ranks span nodes, over the ones of a node (HSDP: the shard group, ``dp_shard x cp x
+    tp`` consecutive ranks of torchtitan's mesh, gathers over the node's links; its
+    replicas all-reduce the gradients across nodes). ``group``: ``tp x cp``."""
+    if dp == 1 or load_stack_card(pins.stack).optimizer != "fsdp":
+        return (1,)
+    node = inputs.hardware.gpus_per_node // group
+    if 1 < node < dp and dp % node == 0:
+        return (1, node, dp)
+    return (1, dp)
 
 
 def searched_values(pins: Pins, name: str) -> tuple[Any, ...]:
