@@ -45,6 +45,13 @@ def memory_text(value: float, unit: str) -> str:
     return f"{ceil_significant(value)} (unit: M_B, one activation)"
 
 
+def amount_text(value: float, unit: str) -> str:
+    """A need or a cap as read: GiB (two decimals) for bytes, else six significant digits."""
+    if unit == "bytes" and math.isfinite(value):
+        return f"{value / 1024**3:.2f} GiB"
+    return ceil_significant(value)
+
+
 class PPOptError(Exception):
     """Base class of every error pp_opt raises on purpose (the CLI prints it as one line)."""
 
@@ -153,15 +160,14 @@ class InfeasibleError(PPOptError):
     def describe(self, name: Callable[[str], str] = _as_is) -> str:
         # The cap printed is rounded up, so giving exactly that number works.
         at_least = memory_text(self.min_cap, self.unit)
+        need, cap = amount_text(self.need, self.unit), amount_text(self.cap, self.unit)
         if self.schedule is not None:
             return (
-                f"{self.schedule} needs {ceil_significant(self.need)} (activation + static) on "
-                f"device {self.device} but its cap is {self.cap:g}; raise {name('cap')} to at "
-                f"least {at_least}"
+                f"{self.schedule} needs {need} (activation + static) on device {self.device} "
+                f"but its cap is {cap}; raise {name('cap')} to at least {at_least}"
             )
         tail = f", or allow {' / '.join(name(h) for h in self.hints)}" if self.hints else ""
         return (
-            f"no schedule fits: device {self.device} needs at least {ceil_significant(self.need)} "
-            f"but its cap "
-            f"is {self.cap:g}; raise {name('cap')} to at least {at_least}{tail}"
+            f"no schedule fits: device {self.device} needs at least {need} but its cap is "
+            f"{cap}; raise {name('cap')} to at least {at_least}{tail}"
         )

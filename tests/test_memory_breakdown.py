@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -110,7 +111,12 @@ def test_the_cap_keeps_the_reported_reserved_peak_on_the_card() -> None:
     the held fp32 gradients as well as the activations (as the reported peak counts it): at
     the cap, ``s + A + share (A + H)`` is the card's usable memory, so a schedule the solver
     accepts is never reported above the card."""
-    from pp_opt.profiler.memory_breakdown import cap_bytes, fragmentation_share
+    from pp_opt.profiler.memory_breakdown import (
+        cap_bytes,
+        device_caps,
+        fragmentation_share,
+        usable_needed,
+    )
 
     hw = load_hardware_card("h100-96gb-500w")
     job = Job(pp=8, microbatches=8, seq=8192, tp=8, dp=8, dp_shard=8)
@@ -122,6 +128,11 @@ def test_the_cap_keeps_the_reported_reserved_peak_on_the_card() -> None:
     reserved = [s + a + share * (a + h) for s, a, h in zip(static, room, held, strict=True)]
     assert max(reserved) == pytest.approx(hw.usable_bytes)
     assert cap < cap_bytes(hw, job, static)  # without the held gradients: above the card
+    caps = device_caps(hw, job, static, held)  # each device's own: all of them at the card
+    assert min(caps) == cap and caps[1] > caps[0]
+    for s, c, h in zip(static, caps, held, strict=True):
+        assert s + (c - s) * (1 + share) + share * h == pytest.approx(hw.usable_bytes)
+        assert usable_needed(hw, job, s, h, c) == pytest.approx(hw.usable_bytes)
 
 
 def test_an_infeasible_prediction_names_its_largest_term() -> None:
@@ -130,5 +141,30 @@ def test_an_infeasible_prediction_names_its_largest_term() -> None:
     got = predict(**{**T5, "ac": "none"}, schedule="1F1B")
     assert got.status == "infeasible" and got.step_time is None
     assert "largest term at its peak: activations" in got.note
-    assert got.note.endswith("against the 91.0 GiB usable on h100-96gb-500w (95 GiB less a 4 "
-                             "GiB reserve)")  # fmt: skip
+    assert "h100-96gb-500w has 91.0 (95 GiB less a 4 GiB reserve)" in got.note
+    # what it needs is its reserved peak, the memory the breakdown counts
+    need = re.search(r"1F1B needs ([0-9.]+) GiB usable on pipeline rank (\d)", got.note)
+    assert need is not None, got.note
+    peak = re.search(r"of ([0-9.]+) GiB$", got.note)  # the largest term's reserved total
+    assert peak is not None, got.note
+    assert float(need[1]) == pytest.approx(float(peak[1]), abs=0.06)
+
+
+def test_each_pipeline_rank_has_its_own_cap_and_the_file_keeps_it() -> None:
+    """With the allocator's fragmentation on what a pipelined rank allocates beyond its
+    static memory, a rank with more static memory may allocate more before its reserved peak
+    reaches the card: the caps differ by rank, the problem and the profile file carry them."""
+    import json
+
+    from pp_opt import profile_job
+    from pp_opt.profiler.costs import CostProfile, problem_from_profile
+
+    profile = profile_job(Job(pp=4, microbatches=8, seq=2048, tp=2), model="llama3-8b",
+                          hardware="h100-96gb-500w")  # fmt: skip
+    caps = profile.device_caps()
+    assert len(set(caps)) > 1 and profile.cap == min(caps)
+    order = sorted(range(4), key=lambda d: profile.static[d])
+    assert sorted(caps) == [caps[d] for d in order]  # more static memory, a higher cap
+    assert [d.cap for d in problem_from_profile(profile).devices] == list(caps)
+    again = CostProfile.from_dict(json.loads(json.dumps(profile.to_dict())))
+    assert again.device_caps() == caps and again.cap == profile.cap

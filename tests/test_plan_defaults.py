@@ -100,7 +100,8 @@ def test_an_infeasible_candidate_names_its_largest_term() -> None:
         got = evaluate(EvaluationTask(inputs=inputs, candidate=candidate, order=order,
                                       time_limit=2.0, label="torchtitan"))  # fmt: skip
         assert got.status == "infeasible", got.note
-        name, size, _, _, total = got.largest_term.split()
+        name, size, _, _, total, unit = got.largest_term.split()
+        assert unit == "GiB"
         assert name == "activations"
         assert float(total) > hw.usable_bytes / GIB  # the peak is over what the card holds
         assert float(size) > 0.5 * float(total)
@@ -150,7 +151,8 @@ def test_a_default_whose_weights_alone_overflow_is_infeasible_and_says_by_how_mu
                                                                      offload=False),
                                   order="1F1B", time_limit=2.0, label="torchtitan"))  # fmt: skip
     assert got.status == "infeasible", got.note
-    name, _, size, _, _, cap = got.largest_term.split()
+    name, _, size, _, _, cap, _, usable = got.largest_term.split()
+    assert usable == "usable"
     assert name == "static" and float(size) > float(cap) == pytest.approx(hw.usable_bytes / GIB)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from pp_opt.errors import InfeasibleError, PPOptError, StaticMemoryError, TimeLimitError
 from pp_opt.job import Job
 from pp_opt.planner.config import Candidate, PlanInputs
-from pp_opt.planner.infeasible import peak_term
+from pp_opt.planner.infeasible import need_note, peak_term
 from pp_opt.planner.memory import memory_breakdown
 from pp_opt.planner.problems import OFFLOAD_FRACTIONS, candidate_problem, candidate_profile
 from pp_opt.planner.step import dp_sync_ms, gradients_ready, step_time
@@ -170,13 +170,16 @@ def evaluate(job: EvaluationTask, *, stop: StopToken | None = None) -> Scored:
     except InfeasibleError as err:
         base.status, base.note = "infeasible", str(err)
         if problem is not None and profile is not None:
+            base.note = need_note(err, profile)
             order = None if job.order == SOLVED else job.order
             base.largest_term = peak_term(order, problem, profile)
     except TimeLimitError as err:
         base.status, base.note = "timeout", str(err)
     except StaticMemoryError as err:  # weights, gradients and optimizer state alone overflow
         base.status, base.note = "infeasible", str(err)
-        base.largest_term = f"static memory {err.need / GIB:.1f} GiB of {err.cap / GIB:.1f}"
+        base.largest_term = (
+            f"static memory {err.need / GIB:.1f} GiB of {err.cap / GIB:.1f} GiB usable"
+        )
     except PPOptError as err:  # a problem the solver refuses must not end the whole plan
         base.status, base.note = "error", str(err)
     else:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pp_opt.errors import PPOptError
+from pp_opt.errors import InfeasibleError, PPOptError
 from pp_opt.planner.memory import memory_breakdown
 from pp_opt.problem import Problem
 from pp_opt.profiler.costs import CostProfile
-from pp_opt.profiler.memory_breakdown import largest_term
+from pp_opt.profiler.memory_breakdown import held_bytes_per_device, largest_term, usable_needed
 from pp_opt.profiler.stacks import load_stack_card
 
 NO_CAP = 1e30
@@ -44,3 +44,17 @@ def peak_term(order: str | None, problem: Problem, profile: CostProfile) -> str:
     reported = load_stack_card(profile.job.stack).memory_report
     ranks = memory_breakdown(profile, schedule)
     return largest_term(max(ranks, key=lambda rank: rank[reported]), total=reported)
+
+
+def need_note(err: InfeasibleError, profile: CostProfile) -> str:
+    """What a candidate that fits no cap needs, as the card's usable memory per GPU (the
+    solver's caps count allocated bytes, the card and the peaks reserved ones)."""
+    hw, d = profile.hardware, err.device
+    if err.unit != "bytes" or not 0 <= d < len(profile.static):
+        return str(err)
+    held = held_bytes_per_device(profile.job, profile.stages)[d]
+    need = usable_needed(hw, profile.job, profile.static[d], held, err.need)
+    what = err.schedule or "no schedule fits: the best"
+    return (f"{what} needs {need / 2**30:.2f} GiB usable on pipeline rank {d}; {hw.name} has "
+            f"{hw.usable_bytes / 2**30:.1f} ({hw.hbm_gib:g} GiB less a {hw.reserve_gib:g} GiB "
+            "reserve)")  # fmt: skip

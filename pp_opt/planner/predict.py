@@ -84,19 +84,14 @@ class Prediction:
             mfu=scored.mfu, peak_memory=list(scored.peak_memory), status=scored.status,
             gap=scored.gap, iteration_makespan=scored.iteration_makespan,
             dp_sync=scored.dp_sync, optimizer_step=scored.optimizer_step,
-            note=scored.note + _peak_clause(scored.largest_term, inputs),
+            note=scored.note + _peak_clause(scored.largest_term),
             memory_breakdown=[dict(rank) for rank in scored.memory_breakdown],
         )  # fmt: skip
 
 
-def _peak_clause(largest_term: str, inputs: PlanInputs) -> str:
-    """What an infeasible prediction's peak is measured against: the card's usable memory."""
-    if not largest_term:
-        return ""
-    hw = inputs.hardware
-    return (f"; largest term at its peak: {largest_term} GiB, against the "
-            f"{hw.usable_bytes / 2**30:.1f} GiB usable on {hw.name} ({hw.hbm_gib:g} GiB less "
-            f"a {hw.reserve_gib:g} GiB reserve)")  # fmt: skip
+def _peak_clause(largest_term: str) -> str:
+    """An infeasible prediction's largest term (its note says what the card holds)."""
+    return f"; largest term at its peak: {largest_term}" if largest_term else ""
 
 
 def schedule_names() -> tuple[str, ...]:

@@ -39,7 +39,7 @@ from pp_opt.profiler.job_costs import (
 from pp_opt.profiler.kernels import elementwise_bytes
 from pp_opt.profiler.layer_split import stage_total
 from pp_opt.profiler.memory_breakdown import (
-    cap_bytes,
+    device_caps,
     fragmentation_share,
     held_bytes_per_device,
     static_terms,
@@ -409,9 +409,9 @@ def profile_analytic(card: ModelCard, hw: HardwareCard, job: Job) -> CostProfile
     """The cost profile of ``job`` (its layers split) from the formulas."""
     stages = stage_costs(card, hw, job)
     static = static_bytes(card, stages, job, hw)
+    caps = device_caps(hw, job, static, held_bytes_per_device(job, stages))
     log.debug("analytic profile of %s on %s: %d stages", card.name, hw.name, len(stages))
     return CostProfile(job=job, kind="analytic", model=card, hardware=hw, stages=tuple(stages),
-                       static=tuple(static),
-                       cap=cap_bytes(hw, job, static, held_bytes_per_device(job, stages)),
+                       static=tuple(static), cap=min(caps), caps=tuple(caps),
                        bytes_per_param=job_bytes_per_param(job),
                        links=link_costs(card, hw, job))  # fmt: skip

@@ -101,7 +101,7 @@ class CostProfile:
     static: tuple[float, ...]
     """Weights, gradients and optimizer state per device (bytes)."""
     cap: float
-    """Memory cap of every device (bytes)."""
+    """Memory cap of the tightest device (bytes)."""
     links: LinkCosts
     """Pipeline sends and host copies."""
     bytes_per_param: float
@@ -110,6 +110,14 @@ class CostProfile:
     """Where a measured profile ran."""
     measurements: dict[str, Any] | None = None
     """How a measured profile timed (repeats, warm-up, mode, link)."""
+    caps: tuple[float, ...] = ()
+    """Memory cap per device (bytes): a device's fragmentation falls on what it allocates
+    beyond its static memory, so devices with more static memory reach more; empty: every
+    device :attr:`cap`."""
+
+    def device_caps(self) -> tuple[float, ...]:
+        """Memory cap per device (bytes)."""
+        return self.caps or tuple(self.cap for _ in self.static)
 
     def stage_params(self) -> list[float]:
         """Parameters per stage and GPU."""
@@ -196,7 +204,8 @@ class CostProfile:
             "format": FORMAT, "version": VERSION, "name": self.name(), "p": j.pp,
             "m": j.microbatches, "placement": j.placement, "v": j.v, "unit": "bytes",
             "t_comm": self.links.t_comm, "stages": self.stage_rows(),
-            "devices": [{"cap": self.cap, "static": s} for s in self.static],
+            "devices": [{"cap": c, "static": s}
+                        for c, s in zip(self.device_caps(), self.static, strict=True)],
             "host_links": self.links.host_links, **self.pair_settings(),
             "profile": self.provenance(),
         }  # fmt: skip
@@ -228,7 +237,9 @@ def problem_from_profile(profile: CostProfile) -> Problem:
             "profile", f"got {type(profile).__name__}; give a CostProfile (pp_opt.profile_job)"
         )
     stages = profile.problem_stages()
-    devices = tuple(Device(cap=profile.cap, static=s) for s in profile.static)
+    devices = tuple(
+        Device(cap=c, static=s) for c, s in zip(profile.device_caps(), profile.static, strict=True)
+    )
     return Problem(
         p=profile.job.pp, m=profile.job.microbatches, stages=stages, devices=devices,
         placement=profile.job.placement, unit="bytes", t_comm=profile.links.t_comm,
@@ -252,11 +263,12 @@ def _profile_from_dict(cls: type[CostProfile], data: Mapping[str, Any]) -> CostP
             t_bw=row.get("t_bw"), t_offload=row["t_offload"], t_reload=row["t_reload"],
             timings=det.get("timings"),
         ))  # fmt: skip
+    caps = tuple(float(d["cap"]) for d in data["devices"])
     links = LinkCosts(t_comm=data["t_comm"], host_links=[list(g) for g in data["host_links"]],
                       d2h_gbs=info["d2h_gbs"], h2d_gbs=info["h2d_gbs"])  # fmt: skip
     return cls(job=job, kind=info["kind"], model=model, hardware=hardware, stages=tuple(stages),
                static=tuple(d["static"] for d in data["devices"]),
-               cap=data["devices"][0]["cap"], links=links,
+               cap=min(caps), caps=caps if len(set(caps)) > 1 else (), links=links,
                bytes_per_param=float(info["layout"]["bytes_per_param"]),
                environment=info.get("environment"),
                measurements=info.get("measurements"))  # fmt: skip

@@ -233,18 +233,33 @@ def fragmentation_share(hw: HardwareCard, job: Job) -> float:
 def cap_bytes(
     hw: HardwareCard, job: Job, static: Sequence[float], held: Sequence[float] = ()
 ) -> float:
-    """The allocated bytes a device may reach so that its reserved peak fits the card's usable
-    memory (the tightest device). ``static`` counts the fp32 gradients a pipelined FSDP stage
-    holds (``held``, per device) as always held; they come and go like the activations, so the
+    """The tightest of :func:`device_caps` (the card's usable memory without devices)."""
+    return min(device_caps(hw, job, static, held), default=hw.usable_bytes)
+
+
+def device_caps(
+    hw: HardwareCard, job: Job, static: Sequence[float], held: Sequence[float] = ()
+) -> list[float]:
+    """Per device, the allocated bytes it may reach so that its reserved peak fits the card's
+    usable memory. ``static`` counts the fp32 gradients a pipelined FSDP stage holds
+    (``held``, per device) as always held; they come and go like the activations, so the
     allocator's fragmentation applies to both: ``s + A + share (A + H) <= usable``, as
     :func:`pp_opt.profiler.memory_peak.device_peaks` reports the reserved peak."""
     share = fragmentation_share(hw, job)
     usable = hw.usable_bytes
-    if not static:
-        return usable
     held = list(held) or [0.0] * len(static)
-    return min(s + max(usable - s - share * h, 0.0) / (1 + share)
-               for s, h in zip(static, held, strict=True))  # fmt: skip
+    return [s + max(usable - s - share * h, 0.0) / (1 + share)
+            for s, h in zip(static, held, strict=True)]  # fmt: skip
+
+
+def usable_needed(
+    hw: HardwareCard, job: Job, static: float, held: float, allocated: float
+) -> float:
+    """The usable memory a device with ``static`` bytes (``held`` of them fp32 gradients)
+    needs to reach ``allocated`` bytes: :func:`device_caps` solved for the card's memory, the
+    reserved peak of that allocation."""
+    share = fragmentation_share(hw, job)
+    return static + share * held + (1 + share) * (allocated - static)
 
 
 def held_bytes_per_device(job: Job, stages: Sequence[StageCost]) -> list[float]:
@@ -269,8 +284,10 @@ def breakdown_table(breakdown: Sequence[dict[str, float]]) -> str:
 
 def largest_term(rank: dict[str, float], *, total: str = "reserved") -> str:
     """``"activations 61.0 GiB of 95.0"``: the largest term of a rank and its ``total``
-    (``reserved`` or ``allocated``, :data:`REPORTED`)."""
+    (``reserved`` or ``allocated``, :data:`REPORTED`; an allocated total says so, since caps
+    count reserved bytes)."""
     if total not in REPORTED:
         raise ProblemError("total", f"got {total!r:.40}; use reserved or allocated")
     name = max(TERMS, key=lambda t: rank.get(t, 0.0))
-    return f"{name} {rank.get(name, 0.0) / GIB:.1f} GiB of {rank.get(total, 0.0) / GIB:.1f}"
+    kind = " GiB" if total == "reserved" else f" GiB {total}"
+    return f"{name} {rank.get(name, 0.0) / GIB:.1f} GiB of {rank.get(total, 0.0) / GIB:.1f}{kind}"
