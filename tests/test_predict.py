@@ -104,6 +104,10 @@ def test_predict_cli_writes_the_file_and_refuses_degrees_that_miss_the_gpus(
                 "gap"):  # fmt: skip
         assert key in data
     assert "TPS/GPU" in text
+    # a configuration that does not fit: why, its file, and exit 2 (infeasible)
+    code, text, _ = run([*flags, "--gpus", "8", "--ac", "none", "-o", str(out)], capsys)
+    assert code == 2 and "1F1B needs" in text and "GiB usable on pipeline rank 0" in text
+    assert json.loads(out.read_text())["status"] == "infeasible"
 
 
 def test_bench_published_predicts_table5_1f1b_within_15_percent() -> None:
@@ -136,3 +140,12 @@ def test_the_plan_space_takes_the_allowed_features() -> None:
         assert job.fp8 and job.fp8_all_gather and job.compile and job.async_tp
         assert not job.optimizer_sharding
     assert {j.ac for j in jobs} == {"full", "none"}
+
+
+def test_static_memory_of_per_token_buffers_says_to_cut_the_tokens() -> None:
+    """At 131072 tokens a microbatch's fp32 loss over a 128k vocabulary dwarfs the sharded
+    weights: the fix named is fewer tokens per GPU, not more pipeline stages."""
+    got = pp_opt.predict(model="llama3-8b", hardware="h100-96gb-500w", gpus=8, global_batch=8,
+                  seq=131072, dp_shard=8, schedule="1F1B", ac="selective_op")  # fmt: skip
+    assert got.status == "infeasible"
+    assert "(loss " in got.note and "a smaller mbs), a larger cp or tp" in got.note

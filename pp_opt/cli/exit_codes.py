@@ -10,7 +10,7 @@ BAD_INPUT = 1
 ``show`` or ``export``."""
 INFEASIBLE = 2
 """The memory cap admits no schedule; the smallest cap that works is printed (rounded up,
-with its unit)."""
+with its unit). ``predict``: the configuration does not fit; the memory it needs is printed."""
 TIME_LIMIT = 3
 """The time limit passed before any schedule was found; nothing was written."""
 OUTPUT = 4
@@ -24,7 +24,7 @@ INTERRUPTED = 130
 TABLE = (
     (OK, "ok"),
     (BAD_INPUT, "bad input or usage"),
-    (INFEASIBLE, "infeasible cap (prints the cap that works)"),
+    (INFEASIBLE, "infeasible cap or configuration (prints the memory that works)"),
     (TIME_LIMIT, "time limit without any schedule"),
     (OUTPUT, "output not writable"),
     (BACKEND_FAILED, "a solver backend crashed (best schedule so far saved)"),

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from pp_opt.atomic import check_writable
+from pp_opt.cli import exit_codes
 from pp_opt.cli.job_options import with_job_options
 from pp_opt.cli.output import show_and_write
 
@@ -31,7 +32,10 @@ def predict(
     output: Path | None = typer.Option(None, "-o", "--output", help="Write the prediction JSON."),
     job_fields: dict[str, Any] | None = None,
 ) -> None:
-    """Predict one configuration's step time, TPS/GPU, MFU and peak memory per pipeline rank."""
+    """Predict one configuration's step time, TPS/GPU, MFU and peak memory per pipeline rank.
+
+    A configuration that does not fit exits 2 (a solve that found no schedule in time, 3)
+    after printing why and writing the prediction."""
     from pp_opt.planner.predict import predict as run
 
     if output is not None:
@@ -39,6 +43,9 @@ def predict(
     got = run(model=model, hardware=hardware, gpus=gpus, global_batch=global_batch, seq=seq,
               schedule=schedule, time_limit=time_limit, **(job_fields or {}))  # fmt: skip
     show_and_write(prediction_table(got), got.to_dict(), output)
+    failed = {"infeasible": exit_codes.INFEASIBLE, "timeout": exit_codes.TIME_LIMIT}
+    if got.status in failed:
+        raise typer.Exit(failed[got.status])
 
 
 def prediction_table(got: Prediction) -> str:

@@ -357,10 +357,21 @@ def static_bytes(
             f"device {worst}: weights, gradients, optimizer state and buffers need "
             f"{need[worst] / GIB:.1f} GiB ({named} GiB), {(need[worst] - cap) / GIB:.1f} GiB "
             f"more than the {cap / GIB:.1f} GiB cap of {hw.name} ({hw.hbm_gib:g} GiB minus "
-            f"{hw.reserve_gib:g} reserved); use a larger pp or tp, or fewer bytes per parameter",
+            f"{hw.reserve_gib:g} reserved); {_static_fix(largest[0][0])}",
             need=need[worst], cap=cap,
         )  # fmt: skip
     return [n - t[HELD_FRAGMENTATION] for n, t in zip(need, terms, strict=True)]
+
+
+PER_TOKEN_TERMS = ("loss", "output_logits", "recompute_buffer", "pipeline_buffers")
+"""Static terms that grow with a microbatch's tokens, not with the parameters."""
+
+
+def _static_fix(largest: str) -> str:
+    """What lowers static memory whose largest term is ``largest``."""
+    if largest in PER_TOKEN_TERMS:
+        return "use fewer tokens per microbatch (a smaller mbs), a larger cp or tp"
+    return "use a larger pp or tp, or fewer bytes per parameter"
 
 
 HELD_FRAGMENTATION = "fragmentation_of_held_gradients"
