@@ -226,6 +226,7 @@ def test_an_offloading_best_names_the_best_without_offload(offload_schedule: Sch
     notes = " ".join(choice.settings["notes"])
     assert "offloads" in notes and "pp_opt.runtime" in notes
     assert f"{best.step_time:.1f} ms (+1.0 ms)" in notes
+    assert f"the best plan torchtitan 0.3 runs: {best.candidate.label()}" in notes
 
 
 def test_export_fused_backward_says_what_it_costs(

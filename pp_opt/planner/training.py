@@ -140,13 +140,13 @@ def plan_training(
                 "schedule is for pp_opt's own runtime (pp_opt.runtime; --schedule writes it)"
             )  # fmt: skip
     if chosen is None or schedule is None:
-        notes.append("no ranked plan runs without offload or recompute: no torchtitan settings")
+        notes.append(f"torchtitan {torchtitan} runs no ranked plan: no torchtitan settings")
         return TorchtitanChoice(scored=None, schedule=None, fused_backward=False,
                                 settings={"notes": notes})  # fmt: skip
     if chosen is not best:
         extra = (chosen.step_time or 0.0) - (best.step_time or 0.0)
         notes.append(
-            f"the best plan without offload or recompute: {chosen.candidate.label()}, "
+            f"the best plan torchtitan {torchtitan} runs: {chosen.candidate.label()}, "
             f"{chosen.step_time:.1f} ms (+{extra:.1f} ms); the torchtitan settings are for it"
         )  # fmt: skip
     modelled = titan.job_mode(chosen.candidate.job.ac)
