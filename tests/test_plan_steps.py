@@ -142,6 +142,25 @@ def test_data_parallel_ranks_across_nodes_also_try_hsdp_within_a_node() -> None:
                                                        pinned).configs} == {32}  # fmt: skip
 
 
+@pytest.mark.parametrize("stack", ["torchtitan", "automodel"])
+def test_torchtitan_experts_borrow_only_the_shard_group(stack: str) -> None:
+    """torchtitan's expert parallelism borrows ranks from ``dp_shard x cp x tp`` (efsdp x ep),
+    so its HSDP and plain data-parallel layouts take only the ``ep`` their shard group holds;
+    AutoModel's borrow every data-parallel rank."""
+    card = load_model_card("deepseek-v3-debug")  # 8 experts
+    pins = Pins(tp=(1,), pp=(1,), mbs=(1,), v=(1,), placement=("loop",), recompute=False,
+                offload=False, ac="none", stack=stack)  # fmt: skip
+    found = enumerate_configs(_inputs(gpus=32, batch=32, card=card), pins)
+    eps: dict[int, set[int]] = {}
+    for c in found.configs:
+        eps.setdefault(c.job.dp_shard, set()).add(c.job.ep)
+    if stack == "torchtitan":
+        assert eps == {8: {2, 4, 8}, 32: {2, 4, 8}}  # one shard: nothing to borrow
+        assert found.skipped["ep x etp does not divide the ranks experts borrow"] == 3
+    else:
+        assert eps == {1: {2, 4, 8}, 8: {2, 4, 8}, 32: {2, 4, 8}}
+
+
 def test_pinned_values_that_do_not_divide_are_skipped_and_counted() -> None:
     pins = Pins(
         tp=(1, 3),

@@ -206,8 +206,9 @@ def _settings(pins: Pins, tp: int) -> list[dict[str, Any]]:
 
 def _experts(inputs: PlanInputs, pins: Pins, ranks: int, skipped: Counter[str]
              ) -> list[tuple[int, int]]:  # fmt: skip
-    """``(ep, etp)`` choices of a stage of ``ranks`` GPUs (``dp x cp x tp``): ``ep`` divides
-    the routed experts and, times ``etp``, the ranks; a dense model has only ``(1, 1)``."""
+    """``(ep, etp)`` choices of a stage whose experts borrow ``ranks`` GPUs (``dp x cp x tp``,
+    :func:`_expert_ranks`): ``ep`` divides the routed experts and, times ``etp``, the ranks; a
+    dense model has only ``(1, 1)``."""
     experts = inputs.model.experts
     if not experts:
         return [(1, 1)]
@@ -217,10 +218,16 @@ def _experts(inputs: PlanInputs, pins: Pins, ranks: int, skipped: Counter[str]
             if experts % ep:
                 skipped["ep does not divide the experts"] += 1
             elif ranks % (ep * etp):
-                skipped["ep x etp does not divide dp x cp x tp"] += 1
+                skipped["ep x etp does not divide the ranks experts borrow"] += 1
             else:
                 out.append((ep, etp))
     return out
+
+
+def _expert_ranks(pins: Pins, dp: int, shard: int) -> int:
+    """The data-parallel ranks expert parallelism may borrow: the FSDP shard group's where
+    the stack borrows only those (torchtitan), else all of them."""
+    return shard if load_stack_card(pins.stack).experts_within_shard else dp
 
 
 def enumerate_configs(inputs: PlanInputs, pins: Pins) -> Enumeration:
@@ -236,7 +243,8 @@ def enumerate_configs(inputs: PlanInputs, pins: Pins) -> Enumeration:
                 # a skip is counted once per (cp, dp), however many FSDP degrees share it
                 tally = skipped if (cp, dp) not in counted else Counter()
                 counted.add((cp, dp))
-                experts = _experts(inputs, pins, dp * cp * tp, tally)
+                experts = _experts(inputs, pins, _expert_ranks(pins, dp, shard) * cp * tp,
+                                   tally)  # fmt: skip
                 for mbs, m in _mbs_values(inputs, pins, dp, tally):
                     layout = dict(tp=tp, pp=pp, dp=dp, mbs=mbs, microbatches=m, seq=inputs.seq,
                                   cp=cp, dp_shard=shard)  # fmt: skip

@@ -98,6 +98,9 @@ class StackCard:
     """The fused attention kernel it runs (``flash2``: PyTorch SDPA's flash backend;
     ``cudnn``: Transformer Engine's fused attention), timed at the hardware card's rates for
     it where the card lists them (:mod:`pp_opt.profiler.attention_kernels`)."""
+    experts_within_shard: bool = False
+    """Expert parallelism borrows its ranks from the FSDP shard group (``dp_shard x cp x
+    tp``, torchtitan 0.3.0), not from every data-parallel rank (``dp x cp x tp``)."""
     note: str = ""
     """What the release does not do yet (printed with a plan for this stack)."""
 
@@ -118,7 +121,7 @@ class StackCard:
             raise ProblemError("stack.cp_kv_width", "use kv or query")
         for key in ("overlaps_pairs", "fsdp_holds_unsharded", "fsdp_always",
                     "keeps_stage_outputs", "cp_serialized_when_compiled",
-                    "fp8_dispatch"):  # fmt: skip
+                    "fp8_dispatch", "experts_within_shard"):  # fmt: skip
             if not isinstance(getattr(self, key), bool):
                 raise ProblemError(f"stack.{key}", "expected true or false")
         self._check_ac_modes()
