@@ -172,3 +172,23 @@ def test_a_best_without_pipeline_is_compared_with_the_pipeline_defaults_too() ->
     assert default_anchors([flat, deep, deeper]) == [flat, deep]
     assert default_anchors([deep, flat]) == [deep]
     assert default_anchors([flat]) == [flat] and default_anchors([]) == []
+
+
+def test_the_time_kept_for_the_defaults_covers_both_anchors_and_slow_evaluations() -> None:
+    """The 405B plan's evaluations took 1.6 s (median) against 1.47 s screening limits, and
+    the time kept for 6 default solves ran out after the one-stage best's own two: the
+    pipelined defaults were dropped. The time kept counts both anchors' solves at what an
+    evaluation takes, and leaves one anchor's worth after the first's round."""
+    from pp_opt.planner.evaluate import Scored
+    from pp_opt.planner.pipeline import ANCHOR_JOBS, BASELINE_JOBS, baseline_seconds
+
+    def took(seconds: float) -> Scored:
+        return Scored(candidate=_best(), order="solve", status="optimal", seconds=seconds)
+
+    assert BASELINE_JOBS == ANCHOR_JOBS + 2
+    search = [took(0.2), took(1.6), took(10.0)]
+    assert baseline_seconds(search, 1.47, BASELINE_JOBS, 2) == pytest.approx(1.2 * 1.6 * 4)
+    assert baseline_seconds([], 1.47, BASELINE_JOBS, 2) == pytest.approx(1.2 * 1.47 * 4)
+    first_round = 1.2 * 1.6  # the one-stage best's two defaults, one round on 2 workers
+    left = baseline_seconds(search, 1.47, BASELINE_JOBS, 2) - first_round
+    assert left >= baseline_seconds(search, 1.47, ANCHOR_JOBS, 2) - 1e-9

@@ -57,12 +57,25 @@ def short_limit(time_limit: float, candidates: int, workers: int) -> float:
     return max(low, min(high, share, SCREEN_SHARE * time_limit))
 
 
-BASELINE_JOBS = 6
-"""Solves of the defaults: torchtitan's two schedules and Megatron-LM's, each with its own
-order and with pp_opt's (:func:`pp_opt.planner.baselines.baseline_candidates`)."""
+ANCHOR_JOBS = 6
+"""Solves of one anchor's defaults: torchtitan's two schedules and Megatron-LM's, each with
+its own order and with pp_opt's (:func:`pp_opt.planner.baselines.baseline_candidates`)."""
+BASELINE_JOBS = ANCHOR_JOBS + 2
+"""Solves of all defaults: a best without a pipeline adds its own one-stage default (two
+solves) before the best pipelined candidate's (:func:`default_anchors`)."""
 BASELINE_ROUNDS = 1.2
-"""Screening limits the defaults are kept per round of :data:`BASELINE_JOBS` over the
-workers (a solve overruns its limit by a little)."""
+"""Evaluations the defaults are kept per round of jobs over the workers (a solve overruns
+its limit by a little)."""
+
+
+def baseline_seconds(scored: Sequence[Scored], short: float, jobs: int, workers: int) -> float:
+    """Seconds kept for ``jobs`` evaluations of defaults: a screening limit each, or what the
+    search's evaluations took (median) where that is longer (a large model's profile, bound
+    and scoring add to its solve)."""
+    took = sorted(s.seconds for s in scored)
+    each = max(short, took[len(took) // 2]) if took else short
+    return BASELINE_ROUNDS * each * -(-jobs // workers)
+
 
 NO_SPLIT = "infeasible: no layer split fits the memory"
 PREPARE_SHARE = 0.2
@@ -238,9 +251,12 @@ def _search(
         total=len(bounded) + pruned[NO_SPLIT], pruned=pruned, progress=progress, stop=stop,
         first=simple,
     )  # fmt: skip
-    reserve = BASELINE_ROUNDS * short * -(-BASELINE_JOBS // runner.workers)
+    reserve = baseline_seconds(found.scored, short, BASELINE_JOBS, runner.workers)
+    log.debug("search done at %.1f s (defaults reserve %.1f s from %.1f s)",
+              time.perf_counter() - started, reserve, end - reserve - started)  # fmt: skip
     refine(inputs, found, runner, count=refine_top, deadline=end - reserve, seed=seed,
            threads=threads, stop=stop)  # fmt: skip
+    log.debug("refinement done at %.1f s", time.perf_counter() - started)
     if (
         waiting
         and stop.requested is None
@@ -249,10 +265,14 @@ def _search(
         _solve_waiting(inputs, waiting, found, runner, splits=splits, short=short,
                        deadline=end - reserve, keep=keep, seed=seed, threads=threads,
                        stop=stop)  # fmt: skip
+    log.debug("defaults start at %.1f s", time.perf_counter() - started)
     ranked = sorted((s for s in found.scored if s.ok), key=Scored.sort_key)
     defaults: list[Scored] = []
+    anchor_seconds = baseline_seconds(found.scored, short, ANCHOR_JOBS, runner.workers)
     for anchor in default_anchors(ranked):
-        if stop.requested is not None or (defaults and time.perf_counter() + reserve > end):
+        if stop.requested is not None or (
+            defaults and time.perf_counter() + anchor_seconds > end
+        ):  # fmt: skip
             break
         defaults += _baselines(inputs, pins, anchor, runner, short=short, seed=seed,
                                threads=threads, deadline=end)  # fmt: skip
