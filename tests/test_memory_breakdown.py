@@ -148,6 +148,11 @@ def test_an_infeasible_prediction_names_its_largest_term() -> None:
     peak = re.search(r"of ([0-9.]+) GiB$", got.note)  # the largest term's reserved total
     assert peak is not None, got.note
     assert float(need[1]) == pytest.approx(float(peak[1]), abs=0.06)
+    # a solve's bound: what any schedule needs at least, no more than 1F1B's peak
+    solved = predict(**{**T5, "ac": "none"}, layers=[15, 16, 16, 16, 16, 16, 16, 15])
+    least = re.search(r"no schedule fits: it needs at least ([0-9.]+) GiB usable", solved.note)
+    assert least is not None, solved.note
+    assert 91.0 < float(least[1]) <= float(need[1])
 
 
 def test_each_pipeline_rank_has_its_own_cap_and_the_file_keeps_it() -> None:

@@ -54,7 +54,7 @@ def need_note(err: InfeasibleError, profile: CostProfile) -> str:
         return str(err)
     held = held_bytes_per_device(profile.job, profile.stages)[d]
     need = usable_needed(hw, profile.job, profile.static[d], held, err.need)
-    what = err.schedule or "no schedule fits: the best"
-    return (f"{what} needs {need / 2**30:.2f} GiB usable on pipeline rank {d}; {hw.name} has "
+    what = f"{err.schedule} needs" if err.schedule else "no schedule fits: it needs at least"
+    return (f"{what} {need / 2**30:.2f} GiB usable on pipeline rank {d}; {hw.name} has "
             f"{hw.usable_bytes / 2**30:.1f} ({hw.hbm_gib:g} GiB less a {hw.reserve_gib:g} GiB "
             "reserve)")  # fmt: skip
