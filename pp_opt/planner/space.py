@@ -204,14 +204,18 @@ def _settings(pins: Pins, tp: int) -> list[dict[str, Any]]:
     return [dict(combo) for combo in itertools.product(*axes)]
 
 
-def _experts(inputs: PlanInputs, pins: Pins, ranks: int, skipped: Counter[str]
-             ) -> list[tuple[int, int]]:  # fmt: skip
+def _experts(inputs: PlanInputs, pins: Pins, ranks: int, skipped: Counter[str], *,
+             plain: bool = False) -> list[tuple[int, int]]:  # fmt: skip
     """``(ep, etp)`` choices of a stage whose experts borrow ``ranks`` GPUs (``dp x cp x tp``,
     :func:`_expert_ranks`): ``ep`` divides the routed experts and, times ``etp``, the ranks; a
-    dense model has only ``(1, 1)``."""
+    dense model has only ``(1, 1)``. ``plain``: the data-parallel ranks replicate the state,
+    where a stack may run no expert parallelism (:attr:`pp_opt.profiler.stacks.StackCard.plain_dp_experts`)."""
     experts = inputs.model.experts
     if not experts:
         return [(1, 1)]
+    if plain and not load_stack_card(pins.stack).plain_dp_experts:
+        skipped["the stack runs no expert parallelism under plain data parallelism"] += 1
+        return []
     out = []
     for etp in pins.etp or (1,):
         for ep in pins.ep or tuple(d for d in divisors(experts) if d > 1 or experts == 1):
@@ -244,7 +248,7 @@ def enumerate_configs(inputs: PlanInputs, pins: Pins) -> Enumeration:
                 tally = skipped if (cp, dp) not in counted else Counter()
                 counted.add((cp, dp))
                 experts = _experts(inputs, pins, _expert_ranks(pins, dp, shard) * cp * tp,
-                                   tally)  # fmt: skip
+                                   tally, plain=shard == 1 < dp)  # fmt: skip
                 for mbs, m in _mbs_values(inputs, pins, dp, tally):
                     layout = dict(tp=tp, pp=pp, dp=dp, mbs=mbs, microbatches=m, seq=inputs.seq,
                                   cp=cp, dp_shard=shard)  # fmt: skip

@@ -101,6 +101,10 @@ class StackCard:
     experts_within_shard: bool = False
     """Expert parallelism borrows its ranks from the FSDP shard group (``dp_shard x cp x
     tp``, torchtitan 0.3.0), not from every data-parallel rank (``dp x cp x tp``)."""
+    plain_dp_experts: bool = True
+    """It runs expert parallelism under plain data parallelism (``dp_shard`` 1, ``dp`` > 1);
+    NeMo AutoModel does not: its FSDP2 mesh refuses pure replication and its DDP strategy
+    refuses expert parallelism."""
     note: str = ""
     """What the release does not do yet (printed with a plan for this stack)."""
 
@@ -121,7 +125,7 @@ class StackCard:
             raise ProblemError("stack.cp_kv_width", "use kv or query")
         for key in ("overlaps_pairs", "fsdp_holds_unsharded", "fsdp_always",
                     "keeps_stage_outputs", "cp_serialized_when_compiled",
-                    "fp8_dispatch", "experts_within_shard"):  # fmt: skip
+                    "fp8_dispatch", "experts_within_shard", "plain_dp_experts"):  # fmt: skip
             if not isinstance(getattr(self, key), bool):
                 raise ProblemError(f"stack.{key}", "expected true or false")
         self._check_ac_modes()
