@@ -125,7 +125,7 @@ def test_prepare_stops_splitting_at_its_deadline_and_counts_the_rest() -> None:
     from pp_opt.planner.pipeline import prepare
     from pp_opt.planner.search import NOT_PREPARED
 
-    pins = Pins(tp=(1,), pp=(2,), ac="none", dp_shard=(1,), mbs=(1,))
+    pins = Pins(tp=(1,), pp=(2,), ac="none", dp_shard=(4,), mbs=(1,))  # torchtitan: EP in FSDP
     configs = enumerate_configs(INPUTS, pins).configs
     _, bounded, pruned, waiting = prepare(INPUTS, pins)
     assert bounded and NOT_PREPARED not in pruned and waiting == []
@@ -169,7 +169,7 @@ def test_candidates_left_unbounded_wait_for_a_search_with_time_left() -> None:
     from pp_opt.planner.pipeline import prepare, prepare_configs
     from pp_opt.planner.search import NOT_PREPARED
 
-    pins = Pins(tp=(1,), pp=(2,), ac="none", dp_shard=(1,), mbs=(1,))
+    pins = Pins(tp=(1,), pp=(2,), ac="none", dp_shard=(4,), mbs=(1,))  # torchtitan: EP in FSDP
     _, everything, _, _ = prepare(INPUTS, pins)
     variants = [b.candidate for b in everything if b.candidate.recompute or b.candidate.offload]
     assert variants and all(c.job.layers for c in variants)
