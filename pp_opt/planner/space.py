@@ -209,7 +209,8 @@ def _experts(inputs: PlanInputs, pins: Pins, ranks: int, skipped: Counter[str], 
     """``(ep, etp)`` choices of a stage whose experts borrow ``ranks`` GPUs (``dp x cp x tp``,
     :func:`_expert_ranks`): ``ep`` divides the routed experts and, times ``etp``, the ranks; a
     dense model has only ``(1, 1)``. ``plain``: the data-parallel ranks replicate the state,
-    where a stack may run no expert parallelism (:attr:`pp_opt.profiler.stacks.StackCard.plain_dp_experts`)."""
+    where a stack may run no expert parallelism
+    (:attr:`pp_opt.profiler.stacks.StackCard.plain_dp_experts`)."""
     experts = inputs.model.experts
     if not experts:
         return [(1, 1)]
