@@ -162,6 +162,17 @@ def test_torchtitan_experts_borrow_only_the_shard_group(stack: str) -> None:
         assert eps == {8: {2, 4, 8}, 32: {2, 4, 8}}
         why = "the stack runs no expert parallelism under plain data parallelism"
         assert found.skipped[why] == 1
+    # a pinned ep too wide for a node's shard group: counted for each group it misses (the
+    # plain one and the node's), not once per data-parallel degree
+    wide = Pins(tp=(1,), pp=(1,), mbs=(1,), v=(1,), placement=("loop",), recompute=False,
+                offload=False, ac="none", stack=stack, ep=(16,))  # fmt: skip
+    got = enumerate_configs(_inputs(gpus=32, batch=32, card=load_model_card("deepseek-v3")),
+                            wide)  # fmt: skip
+    assert {c.job.dp_shard for c in got.configs} == ({32} if stack == "torchtitan"
+                                                      else {8, 32})  # fmt: skip
+    assert got.skipped["ep x etp does not divide the ranks experts borrow"] == (
+        2 if stack == "torchtitan" else 0
+    )
 
 
 def test_pinned_values_that_do_not_divide_are_skipped_and_counted() -> None:

@@ -243,13 +243,16 @@ def enumerate_configs(inputs: PlanInputs, pins: Pins) -> Enumeration:
     for tp in _tp_values(inputs, pins, skipped):
         settings = _settings(pins, tp)
         for pp in _pp_values(inputs, pins, tp, skipped):
-            counted: set[tuple[int, int]] = set()
+            counted: set[tuple[int, ...]] = set()
             for cp, dp, shard in _data_parallel(inputs, pins, tp, pp, skipped):
-                # a skip is counted once per (cp, dp), however many FSDP degrees share it
+                # a skip is counted once per (cp, dp), however many FSDP degrees share it;
+                # an expert layout's once per the ranks it borrows
                 tally = skipped if (cp, dp) not in counted else Counter()
-                counted.add((cp, dp))
-                experts = _experts(inputs, pins, _expert_ranks(pins, dp, shard) * cp * tp,
-                                   tally, plain=shard == 1 < dp)  # fmt: skip
+                ranks, plain = _expert_ranks(pins, dp, shard) * cp * tp, shard == 1 < dp
+                key = (cp, dp, ranks, plain)
+                experts = _experts(inputs, pins, ranks, skipped if key not in counted
+                                   else Counter(), plain=plain)  # fmt: skip
+                counted |= {(cp, dp), key}
                 for mbs, m in _mbs_values(inputs, pins, dp, tally):
                     layout = dict(tp=tp, pp=pp, dp=dp, mbs=mbs, microbatches=m, seq=inputs.seq,
                                   cp=cp, dp_shard=shard)  # fmt: skip
