@@ -149,3 +149,24 @@ def test_static_memory_of_per_token_buffers_says_to_cut_the_tokens() -> None:
                   seq=131072, dp_shard=8, schedule="1F1B", ac="selective_op")  # fmt: skip
     assert got.status == "infeasible"
     assert "(loss " in got.note and "a smaller mbs), a larger cp or tp" in got.note
+
+
+@pytest.mark.parametrize(
+    ("stack", "degrees", "field"),
+    [("torchtitan", {"dp_replicate": 4, "dp_shard": 2}, "ep"),
+     ("automodel", {"dp_replicate": 8}, "dp_shard"),
+     ("megatron-core", {"dp_replicate": 8}, None)],
+)  # fmt: skip
+def test_predict_refuses_an_expert_layout_its_stack_cannot_run(
+    stack: str, degrees: dict[str, int], field: str | None
+) -> None:
+    """torchtitan's experts borrow only the FSDP shard group's ranks (dp_shard x cp x tp),
+    AutoModel runs none under plain data parallelism, Megatron-Core borrows every rank."""
+    args = dict(model="deepseek-v3-debug", hardware="h100-80gb", gpus=8, global_batch=8,
+                seq=2048, ep=8, stack=stack, schedule="1F1B", **degrees)  # fmt: skip
+    if field is None:
+        assert pp_opt.predict(**args).step_time  # type: ignore[arg-type]
+        return
+    with pytest.raises(ProblemError) as err:
+        pp_opt.predict(**args)  # type: ignore[arg-type]
+    assert err.value.field == field and "\n" not in str(err.value)

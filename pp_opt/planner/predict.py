@@ -21,6 +21,7 @@ from pp_opt.planner.config import Candidate, PlanInputs
 from pp_opt.planner.evaluate import SOLVED, EvaluationTask, Scored, evaluate
 from pp_opt.profiler.cards import HardwareCard, ModelCard, load_hardware_card, load_model_card
 from pp_opt.profiler.layer_split import job_for_card
+from pp_opt.profiler.stacks import check_expert_layout
 
 FORMAT = "pp-opt.prediction"
 VERSION = 1
@@ -134,6 +135,7 @@ def prediction_job(
     if "v" not in given:  # the v placement lifts it to 2 (Job)
         given["v"] = 1 if schedule == SOLVED_NAME else default_stages_per_rank(schedule)
     job = Job(microbatches=microbatches, seq=seq, dp=dp, **given)
+    check_expert_layout(job)
     if schedule != SOLVED_NAME:
         try:
             check_schedule_fits(schedule, placement=job.placement, v=job.v, with_csv=False)
@@ -188,8 +190,8 @@ def predict(
     ------
     ProblemError
         For a bad argument, named with the fix (degrees that do not multiply to ``gpus``, a
-        batch the microbatches do not divide, a schedule the placement cannot run, a field
-        predict does not take).
+        batch the microbatches do not divide, a schedule the placement cannot run, an expert
+        layout the stack cannot run, a field predict does not take).
     """
     card_types = (str, Path)
     of_type("model", model, (*card_types, ModelCard), "a model card's name or path")

@@ -25,7 +25,7 @@ from typing import Any
 from pp_opt.errors import ProblemError
 from pp_opt.job import DEFAULTS, Job, microbatch_count
 from pp_opt.planner.config import PINNED, Candidate, Pins, PlanInputs
-from pp_opt.profiler.stacks import load_stack_card
+from pp_opt.profiler.stacks import expert_ranks, load_stack_card
 
 PLACEMENTS = ("loop", "v")
 
@@ -204,17 +204,16 @@ def _settings(pins: Pins, tp: int) -> list[dict[str, Any]]:
     return [dict(combo) for combo in itertools.product(*axes)]
 
 
-def _experts(inputs: PlanInputs, pins: Pins, ranks: int, skipped: Counter[str], *,
-             plain: bool = False) -> list[tuple[int, int]]:  # fmt: skip
+def _experts(inputs: PlanInputs, pins: Pins, ranks: int, skipped: Counter[str]
+             ) -> list[tuple[int, int]]:  # fmt: skip
     """``(ep, etp)`` choices of a stage whose experts borrow ``ranks`` GPUs (``dp x cp x tp``,
-    :func:`_expert_ranks`): ``ep`` divides the routed experts and, times ``etp``, the ranks; a
-    dense model has only ``(1, 1)``. ``plain``: the data-parallel ranks replicate the state,
-    where a stack may run no expert parallelism
-    (:attr:`pp_opt.profiler.stacks.StackCard.plain_dp_experts`)."""
+    or what the stack lets them borrow: :func:`pp_opt.profiler.stacks.expert_ranks`, 0 where
+    it runs no experts under plain data parallelism): ``ep`` divides the routed experts and,
+    times ``etp``, the ranks; a dense model has only ``(1, 1)``."""
     experts = inputs.model.experts
     if not experts:
         return [(1, 1)]
-    if plain and not load_stack_card(pins.stack).plain_dp_experts:
+    if ranks == 0:
         skipped["the stack runs no expert parallelism under plain data parallelism"] += 1
         return []
     out = []
@@ -227,12 +226,6 @@ def _experts(inputs: PlanInputs, pins: Pins, ranks: int, skipped: Counter[str], 
             else:
                 out.append((ep, etp))
     return out
-
-
-def _expert_ranks(pins: Pins, dp: int, shard: int) -> int:
-    """The data-parallel ranks expert parallelism may borrow: the FSDP shard group's where
-    the stack borrows only those (torchtitan), else all of them."""
-    return shard if load_stack_card(pins.stack).experts_within_shard else dp
 
 
 def enumerate_configs(inputs: PlanInputs, pins: Pins) -> Enumeration:
@@ -248,10 +241,10 @@ def enumerate_configs(inputs: PlanInputs, pins: Pins) -> Enumeration:
                 # a skip is counted once per (cp, dp), however many FSDP degrees share it;
                 # an expert layout's once per the ranks it borrows
                 tally = skipped if (cp, dp) not in counted else Counter()
-                ranks, plain = _expert_ranks(pins, dp, shard) * cp * tp, shard == 1 < dp
-                key = (cp, dp, ranks, plain)
-                experts = _experts(inputs, pins, ranks, skipped if key not in counted
-                                   else Counter(), plain=plain)  # fmt: skip
+                ranks = expert_ranks(load_stack_card(pins.stack), dp=dp, dp_shard=shard)
+                key = (cp, dp, ranks)
+                experts = _experts(inputs, pins, ranks * cp * tp, skipped if key not in counted
+                                   else Counter())  # fmt: skip
                 counted |= {(cp, dp), key}
                 for mbs, m in _mbs_values(inputs, pins, dp, tally):
                     layout = dict(tp=tp, pp=pp, dp=dp, mbs=mbs, microbatches=m, seq=inputs.seq,

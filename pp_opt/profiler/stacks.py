@@ -17,7 +17,7 @@ from typing import Any
 
 from pp_opt.card_files import card_names, card_text
 from pp_opt.errors import ProblemError
-from pp_opt.job import DISPATCHERS, check_ac
+from pp_opt.job import DISPATCHERS, Job, check_ac
 
 PREFIX = "stack-"
 """Bundled stack cards are ``models/stack-<name>.toml``."""
@@ -181,3 +181,33 @@ def load_stack_card(where: str) -> StackCard:
                 f"stack.{key}", f"unknown key; allowed keys are {', '.join(allowed)}"
             )
     return StackCard(**{"name": name, **data})
+
+
+def expert_ranks(card: StackCard, *, dp: int, dp_shard: int) -> int:
+    """The data-parallel ranks expert parallelism may borrow on ``card``'s stack: the FSDP
+    shard group's where it borrows only those (:attr:`StackCard.experts_within_shard`),
+    else all of them; none (0) where it runs no experts under plain data parallelism."""
+    if dp_shard == 1 < dp and not card.plain_dp_experts:
+        return 0
+    return dp_shard if card.experts_within_shard else dp
+
+
+def check_expert_layout(job: Job) -> None:
+    """Refuse an expert layout the job's stack cannot run (a one-line error naming ``ep`` or
+    ``dp_shard``): the Job's own rule counts every data-parallel rank."""
+    if job.ep * job.etp == 1:
+        return
+    card = load_stack_card(job.stack)
+    dp = expert_ranks(card, dp=job.dp, dp_shard=job.dp_shard)
+    if dp == 0:
+        raise ProblemError(
+            "dp_shard", f"the {card.name} stack runs no expert parallelism under plain data "
+            "parallelism; give dp_shard > 1",
+        )  # fmt: skip
+    ranks = dp * job.cp * job.tp
+    if ranks % (job.ep * job.etp):
+        group = "dp_shard" if card.experts_within_shard else "dp"
+        raise ProblemError(
+            "ep", f"the {card.name} stack's experts borrow {group} x cp x tp = {ranks} ranks; "
+            "give an ep x etp that divides it",
+        )  # fmt: skip
