@@ -53,7 +53,8 @@ def test_pins_and_predict_take_every_field() -> None:
     assert set(PREDICT_FIELDS) == set(FIELDS) - {"dp", "microbatches", "seq"}
     card = load_model_card("qwen3-30b-a3b")
     job = prediction_job(card, gpus=16, global_batch=64, seq=4096, schedule="pp_opt",
-                         dp_replicate=16, ep=16, dispatcher="deepep")  # fmt: skip
+                         dp_replicate=16, ep=16, dispatcher="deepep",
+                         stack="megatron-core")  # fmt: skip
     assert (job.ep, job.edp, job.dispatcher) == (16, 1, "deepep")
     with pytest.raises(ProblemError) as err:
         Pins(not_a_field=(1,))
