@@ -11,6 +11,7 @@ pipeline (``pp = 1``) gets no pipeline key.
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -109,12 +110,9 @@ def expert_keys(job: Job) -> dict[str, Any]:
         raise ProblemError("etp", "torchtitan 0.3.0 has no expert tensor parallelism; use etp 1")
     if job.ep == 1:
         return {}
-    dense = job.dp_shard * job.cp * job.tp
-    if dense % job.ep:
-        raise ProblemError(
-            "ep", f"torchtitan borrows expert ranks from dp_shard x cp x tp = {dense}; give an "
-            "ep that divides it",
-        )  # fmt: skip
+    from pp_opt.profiler.stacks import check_expert_layout  # the rule its stack card states
+
+    check_expert_layout(replace(job, stack="torchtitan"))
     return {"expert_parallel_degree": job.ep}
 
 

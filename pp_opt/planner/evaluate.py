@@ -170,7 +170,7 @@ def evaluate(job: EvaluationTask, *, stop: StopToken | None = None) -> Scored:
     except InfeasibleError as err:
         base.status, base.note = "infeasible", str(err)
         if problem is not None and profile is not None:
-            base.note = need_note(err, profile)
+            base.note = need_note(err, profile)  # the need as the card's memory
             order = None if job.order == SOLVED else job.order
             base.largest_term = peak_term(order, problem, profile)
     except TimeLimitError as err:
