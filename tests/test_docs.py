@@ -124,3 +124,36 @@ def test_schemas_describe_the_files_pp_opt_writes(workdir: Path) -> None:
     for name, data in [*files.items(), ("prediction", over.to_dict())]:
         errors = [e.message for e in _schema_validator(name).iter_errors(data)]
         assert errors == [], f"{name}: {errors[:3]}"
+
+
+def _readme_predictions() -> list[tuple[str, list[tuple[str, str]]]]:
+    """``(command, [(figure, value)])`` of the README's ``pp-opt predict`` examples: the
+    figures the comment under each command says it prints."""
+    lines = (ROOT / "README.md").read_text().replace("\\\n", " ").splitlines()
+    found = []
+    for line, comment in zip(lines, lines[1:], strict=False):
+        if line.startswith("pp-opt predict") and comment.startswith("# "):
+            figures = re.findall(r"(step time|TPS/GPU|MFU|peak memory) ([\d.]+)", comment)
+            found.append((line, figures))
+    return found
+
+
+def test_readme_predictions_print_what_the_readme_says(workdir: Path) -> None:
+    examples = _readme_predictions()
+    assert len(examples) >= 2 and all(figures for _, figures in examples)
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    for command, figures in examples:
+        done = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=workdir, env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, f"{command}:\n{done.stderr}"
+        printed = {
+            label: line.split()[len(label.split())].rstrip("%")
+            for line in done.stdout.splitlines()
+            for label, _ in figures
+            if line.startswith(label)
+        }
+        for label, value in figures:
+            assert printed.get(label) == value, (
+                f"README says {label} {value}; {command!r} prints {printed.get(label)}"
+            )
