@@ -170,3 +170,28 @@ def test_predict_refuses_an_expert_layout_its_stack_cannot_run(
     with pytest.raises(ProblemError) as err:
         pp_opt.predict(**args)  # type: ignore[arg-type]
     assert err.value.field == field and "\n" not in str(err.value)
+
+
+def test_data_parallel_ranks_left_out_go_to_fsdp_or_to_replicas_as_the_stack_runs_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pp_opt.planner.predict import data_parallel_degrees
+
+    assert data_parallel_degrees(16, {"tp": 2}, fsdp=True) == {
+        "tp": 2, "pp": 1, "cp": 1, "dp_shard": 8, "dp_replicate": 1}  # fmt: skip
+    assert data_parallel_degrees(16, {"tp": 2, "dp_replicate": 2}, fsdp=True)["dp_shard"] == 4
+    megatron = data_parallel_degrees(16, {"pp": 2}, fsdp=False)
+    assert (megatron["dp_shard"], megatron["dp_replicate"]) == (1, 8)
+    with pytest.raises(ProblemError, match="dp_replicate = 6"):  # a given shard degree stays
+        data_parallel_degrees(16, {"dp_shard": 6}, fsdp=True)
+    with pytest.raises(ProblemError, match="= 3; give degrees"):  # 3 does not divide 16
+        data_parallel_degrees(16, {"cp": 3}, fsdp=True)
+    common = dict(model="llama3-8b", hardware="h100-96gb-500w", gpus=8, global_batch=16,
+                  seq=8192, mbs=2, ac="selective_op")  # fmt: skip
+    inferred = pp_opt.predict(**common)
+    assert inferred.to_dict()["config"] == pp_opt.predict(**common, dp_shard=8).to_dict()["config"]
+    # the CLI names a Job field by its own flag, and a bad stack fails before any degree
+    flags = ["predict", "--model", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "8",
+             "--global-batch", "8", "--seq", "8192", "--dp-shard", "8"]  # fmt: skip
+    code, _, err = run([*flags, "--stack", "nope"], capsys)
+    assert code == 1 and err.startswith("error: --stack: nope: no such stack")

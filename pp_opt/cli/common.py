@@ -6,22 +6,15 @@ from __future__ import annotations
 import typer
 
 from pp_opt.errors import ProblemError
+from pp_opt.job import FIELDS
 from pp_opt.schedule import Schedule
 
 FLAGS = {
-    "ac": "--ac",
     "torchtitan": "--torchtitan",
     "torchtitan_activation_checkpoint": "--activation-checkpoint",
     "torchtitan_base": "--torchtitan-base",
     "torchtitan_config": "--torchtitan-config",
     "fused_backward": "--fused-backward",
-    "async_tp": "--async-tp",
-    "compile": "--compile",
-    "cp": "--cp",
-    "dp_replicate": "--dp-replicate",
-    "dp_shard": "--dp-shard",
-    "fp8": "--fp8",
-    "bytes_per_param": "--bytes-per-param",
     "cap": "--cap",
     "drop_offload": "--drop-offload",
     "force": "--force",
@@ -29,39 +22,34 @@ FLAGS = {
     "global_batch": "--global-batch",
     "gpus": "--gpus",
     "hardware": "--hardware",
-    "layers": "--layers",
-    "mbs": "--mbs",
     "measure": "--measure",
-    "microbatches": "--microbatches",
     "model": "--model",
     "name": "NAME",
     "objective": "--objective",
     "offload": "--offload",
     "output": "--output",
     "path": "--output",
-    "placement": "--placement",
     "plot": "--plot",
-    "pp": "--pp",
     "ray": "--ray",
     "recompute": "--recompute",
     "repeats": "--repeats",
     "schedule": "--schedule",
     "seed": "--seed",
-    "seq": "--seq",
     "solver": "--solver",
     "threads": "--threads",
     "time_limit": "--time-limit",
-    "tp": "--tp",
-    "v": "--v",
     "width": "--width",
     "workers": "--workers",
 }
-"""The flag (or argument) of each library argument name, for one-line errors."""
+"""The flag (or argument) of each library argument that is not a Job field, for one-line
+errors; a Job field's flag is its own (:meth:`pp_opt.job.JobOption.flag`)."""
 
 
 def flag(name: str) -> str:
     """The command-line spelling of a library argument (the name itself when it has none)."""
-    return FLAGS.get(name, name)
+    if name in FLAGS:
+        return FLAGS[name]
+    return FIELDS[name].flag(name) if name in FIELDS else name
 
 
 CapOption = typer.Option(None, "--cap", help="Memory cap of every device (problem's unit).")

@@ -20,7 +20,12 @@ if TYPE_CHECKING:
 def predict(
     model: str = typer.Option(..., "--model", help="Model card TOML (or bundled name)."),
     hardware: str = typer.Option(..., "--hardware", help="Hardware card TOML (or name)."),
-    gpus: int = typer.Option(..., "--gpus", help="GPUs: tp x pp x cp x dp-shard x dp-replicate."),
+    gpus: int = typer.Option(
+        ...,
+        "--gpus",
+        help="GPUs: tp x pp x cp x dp-shard x dp-replicate (a data-parallel "
+        "degree left out takes the ranks the others leave).",
+    ),
     global_batch: int = typer.Option(..., "--global-batch", help="Sequences per step."),
     seq: int = typer.Option(..., "--seq", help="Sequence length."),
     schedule: str = typer.Option(

@@ -16,12 +16,12 @@ from pp_opt.arguments import choice, integer, number, of_type
 from pp_opt.errors import ProblemError
 from pp_opt.frameworks.pytorch import PYTORCH_SCHEDULES, check_schedule_fits
 from pp_opt.frameworks.torchtitan import default_layers, default_stages_per_rank
-from pp_opt.job import BATCH_SPLIT, FIELDS, RENAMED, Job, microbatch_count
+from pp_opt.job import BATCH_SPLIT, DEFAULTS, FIELDS, RENAMED, Job, microbatch_count
 from pp_opt.planner.config import Candidate, PlanInputs
 from pp_opt.planner.evaluate import SOLVED, EvaluationTask, Scored, evaluate
 from pp_opt.profiler.cards import HardwareCard, ModelCard, load_hardware_card, load_model_card
 from pp_opt.profiler.layer_split import job_for_card
-from pp_opt.profiler.stacks import check_expert_layout
+from pp_opt.profiler.stacks import check_expert_layout, load_stack_card
 
 FORMAT = "pp-opt.prediction"
 VERSION = 1
@@ -105,6 +105,30 @@ PREDICT_FIELDS = tuple(name for name in FIELDS if name not in ("dp", "microbatch
 the degrees and the batch)."""
 
 
+def data_parallel_degrees(gpus: int, given: dict[str, Any], *, fsdp: bool) -> dict[str, int]:
+    """The five degrees, checked to multiply to ``gpus``. Data-parallel degrees left out take
+    the ranks the others leave, as the frameworks do: FSDP's shard degree where the stack
+    shards with FSDP (``fsdp``; torchtitan's ``data_parallel_shard_degree = -1``), else the
+    replicas (Megatron-Core's data parallelism)."""
+    degrees = {k: given.get(k, 1) for k in ("tp", "pp", "cp", "dp_shard")}
+    degrees["dp_replicate"] = given.get("dp_replicate") or 1
+    for name, value in degrees.items():
+        integer(name, value, low=1)
+    rest, left = divmod(gpus, math.prod(degrees.values()))
+    if "dp_shard" not in given and not left:
+        if fsdp or "dp_replicate" in given:
+            degrees["dp_shard"] = rest
+        else:
+            degrees["dp_replicate"] = rest
+    product = math.prod(degrees.values())
+    if product != gpus:
+        raise ProblemError(
+            "gpus", f"{gpus} GPUs but tp x pp x cp x dp_shard x dp_replicate = {product}; "
+            "give degrees whose product is the GPU count",
+        )  # fmt: skip
+    return degrees
+
+
 def prediction_job(
     card: ModelCard, *, gpus: int, global_batch: int, seq: int, schedule: str,
     **fields: Any,
@@ -118,16 +142,8 @@ def prediction_job(
     if unknown:
         names = ", ".join(PREDICT_FIELDS)
         raise ProblemError(unknown[0], f"not a setting of predict; use one of {names}")
-    degrees = {k: given.get(k, 1) for k in ("tp", "pp", "cp", "dp_shard")}
-    degrees["dp_replicate"] = given.get("dp_replicate") or 1
-    for name, value in degrees.items():
-        integer(name, value, low=1)
-    product = math.prod(degrees.values())
-    if product != gpus:
-        raise ProblemError(
-            "gpus", f"{gpus} GPUs but tp x pp x cp x dp_shard x dp_replicate = {product}; "
-            "give degrees whose product is the GPU count",
-        )  # fmt: skip
+    stack = load_stack_card(given.get("stack", DEFAULTS["stack"]))  # a bad name fails here
+    degrees = data_parallel_degrees(gpus, given, fsdp=stack.optimizer == "fsdp")
     dp = degrees["dp_shard"] * degrees["dp_replicate"]
     given.update(degrees)
     split = {name: given[name] for name in BATCH_SPLIT if name in given}
@@ -172,7 +188,8 @@ def predict(
     **fields
         The configuration as :class:`~pp_opt.job.Job` fields (:data:`PREDICT_FIELDS`), each
         left out at the Job's default: the degrees ``tp``, ``pp``, ``cp``, ``dp_shard``,
-        ``dp_replicate`` (their product must be ``gpus``); ``mbs`` (the microbatches are
+        ``dp_replicate`` (their product must be ``gpus``; without ``dp_shard`` the ranks
+        left go to FSDP, or to replicas on a stack without FSDP); ``mbs`` (the microbatches are
         ``global_batch / (dp * mbs)``); ``v`` and ``placement`` (None: what the schedule
         implies); ``layers`` (None: torchtitan's split for PyTorch's schedules, an even one
         for ``pp_opt``); ``ac`` and ``full_layers``; ``fp8``, ``compile``, ``async_tp``,
