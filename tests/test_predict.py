@@ -195,3 +195,15 @@ def test_data_parallel_ranks_left_out_go_to_fsdp_or_to_replicas_as_the_stack_run
              "--global-batch", "8", "--seq", "8192", "--dp-shard", "8"]  # fmt: skip
     code, _, err = run([*flags, "--stack", "nope"], capsys)
     assert code == 1 and err.startswith("error: --stack: nope: no such stack")
+
+
+def test_recompute_modules_on_a_dense_decoder_are_refused_before_any_cost() -> None:
+    common = dict(model="llama3-8b", hardware="h100-80gb", gpus=8, global_batch=16, seq=8192,
+                  stack="megatron-core", ac="modules:layernorm")  # fmt: skip
+    with pytest.raises(ProblemError, match="llama3-8b is a dense decoder") as err:
+        pp_opt.predict(**common)
+    assert err.value.field == "ac"
+    pins = pp_opt.Pins(ac=("modules:layernorm",), stack="megatron-core")
+    with pytest.raises(ProblemError, match="dense decoder"):  # the plan's screen, the same line
+        pp_opt.plan(model="llama3-8b", hardware="h100-80gb", gpus=8, global_batch=16, seq=8192,
+                    pins=pins, time_limit=5)  # fmt: skip

@@ -39,8 +39,8 @@ def predict(
 ) -> None:
     """Predict one configuration's step time, TPS/GPU, MFU and peak memory per pipeline rank.
 
-    A configuration that does not fit exits 2 (a solve that found no schedule in time, 3)
-    after printing why and writing the prediction."""
+    A configuration that does not fit exits 2 (a solve that found no schedule in time, 3;
+    one the cost model refuses, 1) after printing why and writing the prediction."""
     from pp_opt.planner.predict import predict as run
 
     if output is not None:
@@ -48,7 +48,8 @@ def predict(
     got = run(model=model, hardware=hardware, gpus=gpus, global_batch=global_batch, seq=seq,
               schedule=schedule, time_limit=time_limit, **(job_fields or {}))  # fmt: skip
     show_and_write(prediction_table(got), got.to_dict(), output)
-    failed = {"infeasible": exit_codes.INFEASIBLE, "timeout": exit_codes.TIME_LIMIT}
+    failed = {"infeasible": exit_codes.INFEASIBLE, "timeout": exit_codes.TIME_LIMIT,
+              "error": exit_codes.BAD_INPUT}  # fmt: skip
     if got.status in failed:
         raise typer.Exit(failed[got.status])
 

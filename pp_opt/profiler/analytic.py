@@ -44,8 +44,8 @@ from pp_opt.profiler.memory_breakdown import (
     held_bytes_per_device,
     static_terms,
 )
+from pp_opt.profiler.moe import check_recompute_modules, mtp_costs, uses_layer_model
 from pp_opt.profiler.moe import layer_unit as moe_layer_unit
-from pp_opt.profiler.moe import mtp_costs, uses_layer_model
 from pp_opt.profiler.stacks import StackCard, load_stack_card
 
 log = logging.getLogger(__name__)
@@ -248,6 +248,7 @@ def unit_costs(card: ModelCard, hw: HardwareCard, job: Job) -> UnitCosts:
     """
     if uses_layer_model(card):
         return _layer_model_units(card, hw, job)
+    check_recompute_modules(card, job)
     shape = layer_shape(card, job)
     elementwise, comm = elementwise_ms(shape, hw), tp_comm_ms(card, hw, job)
     layer = layer_unit(card, hw, job, mode=job.ac, elementwise=elementwise,

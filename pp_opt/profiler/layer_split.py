@@ -8,6 +8,7 @@ from typing import Any
 from pp_opt.errors import ProblemError
 from pp_opt.job import Job
 from pp_opt.profiler.cards import ModelCard
+from pp_opt.profiler.moe import check_recompute_modules
 
 
 def _divisors(n: int) -> list[int]:
@@ -70,6 +71,7 @@ def job_for_card(card: ModelCard, job: Job) -> Job:
         ok = list(_divisors(card.num_kv_heads))
         raise ProblemError("tp", f"{job.tp} does not divide the heads; use one of {ok}")
     check_experts(card, job)
+    check_recompute_modules(card, job)
     return job.with_layers(split_layers(card, job.stages, job.layers))
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pp_opt.errors import ProblemError
 from pp_opt.job import Job
 from pp_opt.profiler.attention_kernels import core_attention_ms
 from pp_opt.profiler.cards import GB, HardwareCard, ModelCard
@@ -322,6 +323,16 @@ def uses_layer_model(card: ModelCard) -> bool:
     """The card needs this module's layer (MoE, MLA, its own head width or windows); plain
     dense decoders keep :mod:`formulas`' counts."""
     return card.moe or card.mla or bool(card.head_dim) or bool(card.sliding_window)
+
+
+def check_recompute_modules(card: ModelCard, job: Job) -> None:
+    """``ac = modules:...`` names modules of this module's layer; a plain dense decoder's
+    layer is :mod:`formulas`' count, which has none."""
+    if job.recompute_modules and not uses_layer_model(card):
+        raise ProblemError(
+            "ac", f"{card.name} is a dense decoder, costed without Megatron-Core's named "
+            "modules; use none, selective, selective_op or full",
+        )  # fmt: skip
 
 
 def mtp_costs(card: ModelCard, hw: HardwareCard, job: Job, layer: dict[str, float],
