@@ -207,3 +207,13 @@ def test_recompute_modules_on_a_dense_decoder_are_refused_before_any_cost() -> N
     with pytest.raises(ProblemError, match="dense decoder"):  # the plan's screen, the same line
         pp_opt.plan(model="llama3-8b", hardware="h100-80gb", gpus=8, global_batch=16, seq=8192,
                     pins=pins, time_limit=5)  # fmt: skip
+
+
+def test_a_solved_prediction_splits_layers_evenly_or_else_as_torchtitan_does() -> None:
+    from pp_opt.frameworks.torchtitan import default_layers
+
+    common = dict(hardware="a100-80gb", gpus=4, global_batch=8, seq=1024, pp=4, ac="full",
+                  time_limit=2)  # fmt: skip
+    assert pp_opt.predict(model="llama2-7b", **common).config["layers"] == [8, 8, 8, 8]
+    uneven = pp_opt.predict(model="zb-1.5b", **common).config["layers"]  # 22 layers
+    assert uneven == list(default_layers(22, 4)) and sum(uneven) == 22

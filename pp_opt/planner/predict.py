@@ -20,7 +20,7 @@ from pp_opt.job import BATCH_SPLIT, DEFAULTS, FIELDS, RENAMED, Job, microbatch_c
 from pp_opt.planner.config import Candidate, PlanInputs
 from pp_opt.planner.evaluate import SOLVED, EvaluationTask, Scored, evaluate
 from pp_opt.profiler.cards import HardwareCard, ModelCard, load_hardware_card, load_model_card
-from pp_opt.profiler.layer_split import job_for_card
+from pp_opt.profiler.layer_split import even_split, job_for_card
 from pp_opt.profiler.stacks import check_expert_layout, load_stack_card
 
 FORMAT = "pp-opt.prediction"
@@ -135,8 +135,9 @@ def prediction_job(
 ) -> Job:  # fmt: skip
     """The pinned job: degrees checked against ``gpus``, microbatches from the batch; for a
     PyTorch schedule, ``v`` as torchtitan builds it, checked to fit the schedule, and layers
-    split as torchtitan splits them (evenly for ``pp_opt``). ``fields``: the Job's fields
-    (:data:`PREDICT_FIELDS`; None or absent: the Job's default)."""
+    split as torchtitan splits them (for ``pp_opt`` evenly where the stages divide them).
+    ``fields``: the Job's fields (:data:`PREDICT_FIELDS`; None or absent: the Job's
+    default)."""
     given = {RENAMED.get(k, k): v for k, v in fields.items() if v is not None}
     unknown = sorted(set(given) - set(PREDICT_FIELDS))
     if unknown:
@@ -157,8 +158,8 @@ def prediction_job(
             check_schedule_fits(schedule, placement=job.placement, v=job.v, with_csv=False)
         except ProblemError as err:
             raise ProblemError("schedule", err.message) from None
-        if not job.layers:
-            job = job.with_layers(default_layers(card.layers, job.stages))
+    if not job.layers and (schedule != SOLVED_NAME or not even_split(card.layers, job.stages)):
+        job = job.with_layers(default_layers(card.layers, job.stages))
     return job_for_card(card, job)
 
 
@@ -192,9 +193,10 @@ def predict(
         left go to FSDP, or to replicas on a stack without FSDP); ``mbs`` (the microbatches are
         ``global_batch / (dp * mbs)``); ``v`` and ``placement`` (None: what the schedule
         implies); ``layers`` (None: torchtitan's split for PyTorch's schedules, an even one
-        for ``pp_opt``); ``ac`` and ``full_layers``; ``fp8``, ``compile``, ``async_tp``,
-        ``fp8_all_gather``; the expert settings ``ep``, ``etp``, ``dispatcher``,
-        ``expert_imbalance``; ``mtp``; the training ``stack``.
+        for ``pp_opt`` where the stages divide the layers, else torchtitan's); ``ac`` and
+        ``full_layers``; ``fp8``, ``compile``, ``async_tp``, ``fp8_all_gather``; the expert
+        settings ``ep``, ``etp``, ``dispatcher``, ``expert_imbalance``; ``mtp``; the training
+        ``stack``.
 
     Returns
     -------
