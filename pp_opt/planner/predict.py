@@ -16,12 +16,12 @@ from pp_opt.arguments import choice, integer, number, of_type
 from pp_opt.errors import ProblemError
 from pp_opt.frameworks.pytorch import PYTORCH_SCHEDULES, check_schedule_fits
 from pp_opt.frameworks.torchtitan import default_layers, default_stages_per_rank
-from pp_opt.job import BATCH_SPLIT, DEFAULTS, FIELDS, RENAMED, Job, microbatch_count
+from pp_opt.job import BATCH_SPLIT, FIELDS, RENAMED, Job, microbatch_count
 from pp_opt.planner.config import Candidate, PlanInputs
 from pp_opt.planner.evaluate import SOLVED, EvaluationTask, Scored, evaluate
 from pp_opt.profiler.cards import HardwareCard, ModelCard, load_hardware_card, load_model_card
 from pp_opt.profiler.layer_split import even_split, job_for_card
-from pp_opt.profiler.stacks import check_expert_layout, load_stack_card
+from pp_opt.profiler.stacks import check_expert_layout, named_stack
 
 FORMAT = "pp-opt.prediction"
 VERSION = 1
@@ -143,8 +143,8 @@ def prediction_job(
     if unknown:
         names = ", ".join(PREDICT_FIELDS)
         raise ProblemError(unknown[0], f"not a setting of predict; use one of {names}")
-    stack = load_stack_card(given.get("stack", DEFAULTS["stack"]))  # a bad name fails here
-    degrees = data_parallel_degrees(gpus, given, fsdp=stack.optimizer == "fsdp")
+    framework = named_stack(given)  # a bad name fails here, before the degrees
+    degrees = data_parallel_degrees(gpus, given, fsdp=framework.optimizer == "fsdp")
     dp = degrees["dp_shard"] * degrees["dp_replicate"]
     given.update(degrees)
     split = {name: given[name] for name in BATCH_SPLIT if name in given}

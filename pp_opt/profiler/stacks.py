@@ -17,7 +17,7 @@ from typing import Any
 
 from pp_opt.card_files import card_names, card_text
 from pp_opt.errors import ProblemError
-from pp_opt.job import DISPATCHERS, Job, check_ac
+from pp_opt.job import DEFAULTS, DISPATCHERS, Job, check_ac
 
 PREFIX = "stack-"
 """Bundled stack cards are ``models/stack-<name>.toml``."""
@@ -181,6 +181,11 @@ def load_stack_card(where: str) -> StackCard:
                 f"stack.{key}", f"unknown key; allowed keys are {', '.join(allowed)}"
             )
     return StackCard(**{"name": name, **data})
+
+
+def named_stack(job_fields: dict[str, Any]) -> StackCard:
+    """The stack card a job's fields name (the Job's default stack where they name none)."""
+    return load_stack_card(job_fields.get("stack", DEFAULTS["stack"]))
 
 
 def expert_ranks(card: StackCard, *, dp: int, dp_shard: int) -> int:
