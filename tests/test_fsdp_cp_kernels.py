@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from pp_opt.errors import ProblemError
-from pp_opt.profiler.cards import load_model_card
-from pp_opt.profiler.context_parallel import kv_block_bytes, ring_attention
+from pp_opt.job import Job
+from pp_opt.profiler.analytic import unit_costs
+from pp_opt.profiler.cards import load_hardware_card, load_model_card
+from pp_opt.profiler.context_parallel import gathered_attention, kv_block_bytes, ring_attention
 from pp_opt.profiler.formulas import LayerShape
 from pp_opt.profiler.fsdp import (
     fsdp_shard,
@@ -24,6 +28,8 @@ from pp_opt.profiler.kernels import (
     tp_collective_bytes,
     tp_exposed_s,
 )
+from pp_opt.profiler.moe import gathered_kv_costs, layer_unit
+from pp_opt.profiler.stacks import load_stack_card
 
 
 def test_sharded_state_is_16_bytes_per_parameter_over_the_shard_degree() -> None:
@@ -181,3 +187,48 @@ def test_megatron_context_parallel_shares_the_distributed_optimizer_not_fsdp() -
     assert statics[0] == pytest.approx(statics[1])
     titan = Job(pp=1, microbatches=1, seq=65536, cp=2, dp=4, dp_shard=4)
     assert fsdp_on(titan) and fsdp_shard(titan) == 8
+
+
+def test_gathered_keys_and_values_are_waited_at_once_and_held_in_the_backward() -> None:
+    """torchtitan 0.3.0's FlexAttention under CP: one all-gather of the other shards in F,
+    one reduce-scatter of their gradients in B, neither hidden, no rounds to merge."""
+    kw = dict(s=65536, b=1, h_kv=1024, cp=4, tp=1, dtype_bytes=2)
+    block = kv_block_bytes(**kw)
+    got = gathered_attention(**kw, link_gbs=100.0, latency_us=10.0)
+    assert got.forward_bytes == got.backward_bytes == pytest.approx(3 * block)
+    exposed = 3 * 10e-6 + 3 * block / 100e9
+    assert got.forward_exposed_s == got.backward_exposed_s == pytest.approx(exposed)
+    assert got.backward_buffer_bytes == pytest.approx(8 * block)
+    single = gathered_attention(**{**kw, "cp": 1}, link_gbs=100.0)
+    assert single.forward_exposed_s == single.backward_exposed_s == 0.0
+
+
+def test_each_torchtitan_runs_context_parallel_attention_its_own_way() -> None:
+    """9dec370 (SDPA): torch's ring at the query width with fp32 merges; 0.3.0 (FlexAttention):
+    the keys and values gathered at their own width, so the same job costs less there."""
+    new, old = load_stack_card("torchtitan"), load_stack_card("torchtitan-2412")
+    assert (new.cp_attention, new.cp_kv_width) == ("gathered", "kv")
+    assert (old.cp_attention, old.cp_kv_width) == ("ring", "query")
+    card, hw = load_model_card("llama3-8b"), load_hardware_card("h100-96gb-500w")
+    job = Job(pp=1, microbatches=1, seq=131072, cp=4, dp_shard=2, dp=2, ac="full")
+    ring = unit_costs(card, hw, replace(job, stack="torchtitan-2412")).layer
+    gathered = unit_costs(card, hw, job).layer
+    assert gathered["t_f"] < ring["t_f"] and gathered["t_b"] < ring["t_b"]
+    plain = unit_costs(card, hw, replace(job, cp=1, seq=131072 // 4)).layer
+    assert gathered["t_f"] > plain["t_f"]  # four times the keys, and the gather on top
+
+
+def test_an_moe_layer_on_torchtitan_0_3_pays_the_gather_of_its_keys_and_values() -> None:
+    card, hw = load_model_card("qwen3-30b-a3b"), load_hardware_card("h100-80gb")
+    job = Job(pp=1, microbatches=1, seq=32768, cp=4, dp_shard=2, dp=2, ep=2)
+    f, b, buffer = gathered_kv_costs(card, hw, job, load_stack_card("torchtitan"))
+    block = kv_block_bytes(s=32768, b=1, h_kv=card.kv_hidden, cp=4)
+    assert f == b == pytest.approx(1e3 * (3 * 10e-6 + 3 * block / (450e9 * 0.8)))
+    assert buffer == pytest.approx(8 * block)
+    megatron = replace(job, stack="megatron-core", dp_shard=1, dp_replicate=2)
+    assert gathered_kv_costs(card, hw, megatron, load_stack_card("megatron-core")) == (0, 0, 0)
+    without = replace(job, cp=1, seq=32768 // 4)  # the same tokens per GPU, no keys to gather
+    assert (
+        layer_unit(card, hw, job, moe=True)["t_f"]
+        > layer_unit(card, hw, without, moe=True)["t_f"] + f
+    )

@@ -28,17 +28,23 @@ T5 = dict(model="llama3.1-405b", hardware="h100-96gb-500w", gpus=512, global_bat
           seq=8192, tp=8, pp=8, dp_shard=8, mbs=4, ac="full", fp8=True, compile=True,
           async_tp=True)  # fmt: skip
 T1 = dict(model="llama3-8b", hardware="h100-96gb-500w", gpus=8, global_batch=16, seq=8192,
-          dp_shard=8, mbs=2, ac="selective_op")  # fmt: skip
+          dp_shard=8, mbs=2, ac="selective_op", stack="torchtitan-2412")  # fmt: skip
+"""The published rows ran torchtitan 9dec370 (its whole-microbatch fp32 loss, SDPA's ring)."""
 
 
 T2_CP8 = dict(model="llama3-8b", hardware="h100-96gb-500w", gpus=8, global_batch=1,
-              seq=262144, cp=8, dp_shard=1, mbs=1, ac="full", fp8=True, compile=True)  # fmt: skip
+              seq=262144, cp=8, dp_shard=1, mbs=1, ac="full", fp8=True, compile=True,
+              stack="torchtitan-2412")  # fmt: skip
 T4 = dict(model="llama3-70b", hardware="h100-96gb-500w", gpus=256, global_batch=512, seq=8192,
-          tp=8, dp_shard=32, mbs=16, ac="full", fp8=True, compile=True)  # fmt: skip
+          tp=8, dp_shard=32, mbs=16, ac="full", fp8=True, compile=True,
+          stack="torchtitan-2412")  # fmt: skip
+NEW = {"stack": "torchtitan"}  # 0.3.0: the chunked loss, K/V gathered under CP
 
 
-@pytest.mark.parametrize("kwargs", [T1, T2_CP8, T4, {**T5, "schedule": "1F1B"},
-                                    {**T5, "schedule": "Interleaved1F1B"}])  # fmt: skip
+@pytest.mark.parametrize("kwargs", [
+    T1, T2_CP8, T4, {**T5, "schedule": "1F1B"}, {**T5, "schedule": "Interleaved1F1B"},
+    {**T1, **NEW}, {**T2_CP8, **NEW}, {**T5, **NEW, "schedule": "1F1B"},
+])  # fmt: skip
 def test_breakdown_adds_up_to_the_peak(kwargs: dict) -> None:
     got = predict(**kwargs)
     assert len(got.memory_breakdown) == len(got.peak_memory)
@@ -84,7 +90,8 @@ def test_the_loss_peak_keeps_the_last_layers_blocks_cached() -> None:
     blocks the last checkpointed layer freed) on top of FSDP's gather buffers."""
     card, hw = load_model_card("llama3-70b"), load_hardware_card("h100-96gb-500w")
     job = prediction_job(card, gpus=256, global_batch=512, seq=8192, schedule="1F1B", tp=8,
-                         dp_shard=32, mbs=16, ac="full", fp8=True, compile=True)  # fmt: skip
+                         dp_shard=32, mbs=16, ac="full", fp8=True, compile=True,
+                         stack="torchtitan-2412")  # fmt: skip
     units = unit_costs(card, hw, job)
     ((layer, loss),) = stage_transients(units, job)
     assert loss > layer > 0

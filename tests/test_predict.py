@@ -144,9 +144,11 @@ def test_the_plan_space_takes_the_allowed_features() -> None:
 
 def test_static_memory_of_per_token_buffers_says_to_cut_the_tokens() -> None:
     """At 131072 tokens a microbatch's fp32 loss over a 128k vocabulary dwarfs the sharded
-    weights: the fix named is fewer tokens per GPU, not more pipeline stages."""
+    weights (torchtitan 9dec370's whole-microbatch loss): the fix named is fewer tokens per
+    GPU, not more pipeline stages."""
     got = pp_opt.predict(model="llama3-8b", hardware="h100-96gb-500w", gpus=8, global_batch=8,
-                  seq=131072, dp_shard=8, schedule="1F1B", ac="selective_op")  # fmt: skip
+                         seq=131072, dp_shard=8, schedule="1F1B", ac="selective_op",
+                         stack="torchtitan-2412")  # fmt: skip
     assert got.status == "infeasible"
     assert "(loss " in got.note and "a smaller mbs), a larger cp or tp" in got.note
 

@@ -38,6 +38,12 @@ from pp_opt.profiler.job_costs import (
 )
 from pp_opt.profiler.kernels import elementwise_bytes
 from pp_opt.profiler.layer_split import stage_total
+from pp_opt.profiler.loss import (
+    LOG_SOFTMAX_BYTES,
+    loss_chunks,
+    loss_kept_bytes,
+    loss_transient_bytes,
+)
 from pp_opt.profiler.memory_breakdown import (
     device_caps,
     fragmentation_share,
@@ -54,10 +60,6 @@ FORWARD_PASSES = 11.75
 """HBM bytes moved by F's non-GEMM kernels per byte of saved (``s b h``-sized) activation."""
 BACKWARD_PASSES = 10.0
 """The same for B (fit: 0.85 of F's on all four Zero Bubble models)."""
-LOSS_GRAD_BYTES = 8.0
-"""Bytes per logit the loss's backward holds beyond its saved fp32 softmax: the fp32 gradient
-of the log-softmax output and the fp32 gradient of its input (torchtitan's
-``cross_entropy(pred.float(), labels)``)."""
 LOSS_PASSES = 4.0
 """HBM passes over the fp32 logits by the softmax cross-entropy (F and B each): an estimate."""
 
@@ -90,34 +92,31 @@ def layer_times(shape: LayerShape, hw: HardwareCard) -> tuple[float, float, floa
 
 
 def head_costs(card: ModelCard, job: Job, hw: HardwareCard) -> dict[str, float]:
-    """Final norm, output layer and softmax cross-entropy (last stage), per GPU."""
+    """Final norm, output layer and softmax cross-entropy (last stage), per GPU. A chunked
+    loss (:mod:`loss`) runs the output layer's F, B and W and the loss's inside F, and keeps
+    the hidden states' gradient instead of the log-softmax."""
     sb, h, t, e = job.seq * job.mbs, card.hidden, job.tp, card.dtype_bytes
     gemm = gemm_ms(head_flops(card, sb) / t, hw)
-    logits = 4.0 * sb * card.vocab / t  # fp32 softmax kept by the loss for its backward
-    elementwise = LOSS_PASSES * hbm_ms(logits, hw)
+    elementwise = LOSS_PASSES * hbm_ms(LOG_SOFTMAX_BYTES * sb * card.vocab / t, hw)
     stats = 8 if card.norm == "layernorm" else 4
+    kept, transient = loss_kept_bytes(card, job, sb), loss_transient_bytes(card, job, sb)
+    if loss_chunks(job) > 1:  # the norm's input stays for B, the rest is done in F
+        return {
+            "t_f": 3 * gemm + 2 * elementwise,
+            "t_b": 0.0,
+            "t_w": 0.0,
+            "m_b": (e * h + stats) * sb / t + kept,
+            "m_w": 0.0,
+            "transient": transient,
+        }
     return {
         "t_f": gemm + elementwise,
         "t_b": gemm + elementwise,
         "t_w": gemm,
-        "m_b": ((2 * e * h + stats) * sb) / t + logits + gathered_head_input_bytes(card, job),
+        "m_b": ((2 * e * h + stats) * sb) / t + kept + gathered_head_input_bytes(card, job),
         "m_w": (e * h + e * card.vocab) * sb / t,
-        "transient": loss_grad_bytes(job) * sb * card.vocab / t,
+        "transient": transient,
     }
-
-
-LOSS_PARALLEL_GRAD_BYTES = 12.0
-"""Bytes per logit beyond the saved log-softmax that torch's loss-parallel backward holds
-(``torch.distributed.tensor.parallel.loss._nll_loss_and_log_softmax_backward``: the fp32
-``zeros_like`` gradient, ``exp(x)``, their sum and the product, of which three at once);
-torchtitan runs the loss parallel whenever ``tp > 1`` (``disable_loss_parallel`` false)."""
-
-
-def loss_grad_bytes(job: Job) -> float:
-    """Bytes per logit the loss's backward holds beyond its saved fp32 log-softmax."""
-    if job.tp > 1 and fsdp_on(job):  # torchtitan's runtime: loss parallel under TP
-        return LOSS_PARALLEL_GRAD_BYTES
-    return LOSS_GRAD_BYTES
 
 
 def gathered_head_input_bytes(card: ModelCard, job: Job) -> float:

@@ -19,6 +19,10 @@ from dataclasses import dataclass
 from pp_opt.errors import ProblemError
 
 ROTATE_METHODS = ("allgather", "alltoall")
+CP_ATTENTION = ("ring", "gathered")
+"""How a stack runs attention under CP: ``ring`` (torch's SDPA ring, :func:`ring_attention`)
+or ``gathered`` (the key/value shards all-gathered, one kernel over every key,
+:func:`gathered_attention`)."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -114,6 +118,28 @@ def ring_attention(
     return RingAttention(kv_block_bytes=block, forward_bytes=fwd_bytes, backward_bytes=bwd_bytes,
                          forward_exposed_s=fwd, backward_exposed_s=bwd,
                          backward_buffer_bytes=buffers)  # fmt: skip
+
+
+def gathered_attention(
+    *, s: int, b: int, h_kv: int, cp: int, tp: int = 1, dtype_bytes: int = 2,
+    link_gbs: float, latency_us: float = 0.0,
+) -> RingAttention:  # fmt: skip
+    """One layer's CP communication when the key/value shards are all-gathered before one
+    attention kernel over every key (torchtitan 0.3.0's FlexAttention path,
+    ``distributed/context_parallel/api.py``: ``flex_cp_allgather``, torch's
+    ``_context_parallel/_cp_custom_ops.py``): F all-gathers the other ``cp - 1`` shards, B
+    reduce-scatters their gradients in the same dtype. Each collective is waited as soon as
+    it is issued (``.wait()`` in the op), so none hides behind attention. B holds the
+    gathered keys and values and their gradients."""
+    block = kv_block_bytes(s=s, b=b, h_kv=h_kv, cp=cp, tp=tp, dtype_bytes=dtype_bytes)
+    if cp == 1:
+        return RingAttention(kv_block_bytes=block, forward_bytes=0.0, backward_bytes=0.0,
+                             forward_exposed_s=0.0, backward_exposed_s=0.0)  # fmt: skip
+    moved = (cp - 1) * block
+    exposed = (cp - 1) * latency_us * 1e-6 + moved / (link_gbs * 1e9)
+    return RingAttention(kv_block_bytes=block, forward_bytes=moved, backward_bytes=moved,
+                         forward_exposed_s=exposed, backward_exposed_s=exposed,
+                         backward_buffer_bytes=2 * cp * block)  # fmt: skip
 
 
 MERGE_BYTES = 4.0 + 2.0 + 4.0

@@ -23,7 +23,11 @@ from pp_opt.profiler.attention_kernels import core_attention_ms, kernel_rates
 from pp_opt.profiler.cards import HardwareCard, ModelCard
 from pp_opt.profiler.checkpointing import layer_checkpoint_cost
 from pp_opt.profiler.comm import fp8_gemm_ms, gemm_ms, hbm_ms, node_link
-from pp_opt.profiler.context_parallel import ring_attention, ring_round_bytes
+from pp_opt.profiler.context_parallel import (
+    gathered_attention,
+    ring_attention,
+    ring_round_bytes,
+)
 from pp_opt.profiler.formulas import (
     LayerShape,
     attention_core_flops,
@@ -134,16 +138,22 @@ def context_parallel_unit(
     gbs, latency = node_link(hw, spans_nodes=job.cp * job.tp > hw.gpus_per_node)
     stack = load_stack_card(job.stack)
     width = card.hidden if stack.cp_kv_width == "query" else card.kv_hidden
-    ring = ring_attention(
-        s=job.seq, b=job.mbs, h_kv=width, h_q=card.hidden, cp=job.cp, tp=job.tp,
-        dtype_bytes=card.dtype_bytes, attention_f_s=att_f / 1e3 / job.cp,
-        attention_b_s=att_b / 1e3 / job.cp,
-        link_gbs=gbs * stack.allgather_efficiency, latency_us=latency,
-        permute_gbs=gbs * stack.alltoall_efficiency, grad_dtype_bytes=stack.cp_grad_bytes,
-        serialized=job.compile and stack.cp_serialized_when_compiled,
-    )  # fmt: skip
-    merge_f, merge_b = ring_round_bytes(s=job.seq, b=job.mbs, h_q=card.hidden, h_kv=width,
-                                        cp=job.cp, tp=job.tp)  # fmt: skip
+    if stack.cp_attention == "gathered":
+        ring = gathered_attention(s=job.seq, b=job.mbs, h_kv=width, cp=job.cp, tp=job.tp,
+                                  dtype_bytes=card.dtype_bytes, latency_us=latency,
+                                  link_gbs=gbs * stack.allgather_efficiency)  # fmt: skip
+        merge_f = merge_b = 0.0  # one kernel over every key: no rounds to merge
+    else:
+        ring = ring_attention(
+            s=job.seq, b=job.mbs, h_kv=width, h_q=card.hidden, cp=job.cp, tp=job.tp,
+            dtype_bytes=card.dtype_bytes, attention_f_s=att_f / 1e3 / job.cp,
+            attention_b_s=att_b / 1e3 / job.cp,
+            link_gbs=gbs * stack.allgather_efficiency, latency_us=latency,
+            permute_gbs=gbs * stack.alltoall_efficiency, grad_dtype_bytes=stack.cp_grad_bytes,
+            serialized=job.compile and stack.cp_serialized_when_compiled,
+        )  # fmt: skip
+        merge_f, merge_b = ring_round_bytes(s=job.seq, b=job.mbs, h_q=card.hidden, h_kv=width,
+                                            cp=job.cp, tp=job.tp)  # fmt: skip
     forward = 1e3 * ring.forward_exposed_s + hbm_ms(merge_f, hw)
     out["t_f"] += forward
     out["t_b"] += 1e3 * ring.backward_exposed_s + hbm_ms(merge_b, hw)

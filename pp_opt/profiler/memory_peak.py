@@ -15,6 +15,7 @@ from pp_opt.metrics import memory_profile
 from pp_opt.ops import OpKind
 from pp_opt.profiler.analytic import static_memory_terms
 from pp_opt.profiler.costs import CostProfile
+from pp_opt.profiler.loss import loss_kept_bytes
 from pp_opt.profiler.memory_breakdown import (
     TERMS,
     fragmentation_share,
@@ -23,8 +24,6 @@ from pp_opt.profiler.memory_breakdown import (
 from pp_opt.schedule import Schedule
 
 BACKWARD_KINDS = (OpKind.B, OpKind.BW)
-LOG_SOFTMAX_BYTES = 4.0
-"""Bytes per logit the loss keeps from F to B (its fp32 log-softmax output)."""
 
 
 def gradient_windows(schedule: Schedule) -> dict[int, tuple[float, float]]:
@@ -77,7 +76,7 @@ def device_peaks(profile: CostProfile, schedule: Schedule) -> list[dict[str, flo
     windows = gradient_windows(schedule)
     share = fragmentation_share(profile.hardware, job)
     card, last = profile.model, len(profile.stages) - 1
-    logits = LOG_SOFTMAX_BYTES * job.mbs * job.seq * card.vocab / job.tp / job.cp
+    logits = loss_kept_bytes(card, job, job.mbs * job.seq / job.cp)
     out = []
     for d, steps in enumerate(memory_profile(problem, schedule.ops)):
         mine = [s for s in range(problem.num_stages) if problem.device_of(s) == d]

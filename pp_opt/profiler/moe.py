@@ -34,6 +34,7 @@ from pp_opt.job import Job
 from pp_opt.profiler.attention_kernels import core_attention_ms
 from pp_opt.profiler.cards import GB, HardwareCard, ModelCard
 from pp_opt.profiler.comm import fp8_gemm_ms, gemm_ms, hbm_ms, node_link, ring_all_gather_ms
+from pp_opt.profiler.context_parallel import gathered_attention
 from pp_opt.profiler.stacks import StackCard, load_stack_card
 
 ATTENTION_PASSES = 12.0
@@ -251,13 +252,36 @@ def layer_unit(card: ModelCard, hw: HardwareCard, job: Job, *, moe: bool) -> dic
             "m_b": m_b, "m_w": min(m_w, m_b), "transient": 0.0,
             "params": dense / t + experts / (lay.ep * lay.etp),
             "expert_params": experts / (lay.ep * lay.etp)}  # fmt: skip
-    return checkpointed(unit, terms, job, layer_input=2.0 * h * tok / t, recompute={
+    gather_f, gather_b, gather_buffer = gathered_kv_costs(card, hw, job, stack)
+    unit["t_f"] += gather_f
+    unit["t_b"] += gather_b
+    out = checkpointed(unit, terms, job, layer_input=2.0 * h * tok / t, recompute={
         "layernorm": elem / 3, "mla_up_proj": lin_att / 2 if card.mla else 0.0,
         "core_attn": g_core, "mlp": 0.0 if moe else _gemm(lin_mlp, hw, stack, fp8=fp8),
         "moe_act": hbm_ms(terms.get("moe_act", 0.0) * 3, hw),
         "shared_experts": _gemm(2 * 3 * h * shared * tok / t, hw, stack, fp8=fp8),
         "moe": g_routed + (comm if moe else 0.0) + elem / 2,
     })  # fmt: skip
+    out["transient"] += gather_buffer
+    return out
+
+
+def gathered_kv_costs(card: ModelCard, hw: HardwareCard, job: Job,
+                      stack: StackCard) -> tuple[float, float, float]:  # fmt: skip
+    """``(F ms, B ms, B's buffer bytes)`` of gathering the keys and values under CP where the
+    stack does (``cp_attention = "gathered"``, :func:`context_parallel.gathered_attention`);
+    a ring's exchange (Megatron-Core's p2p) hides behind its rounds and is not counted."""
+    if job.cp == 1 or stack.cp_attention != "gathered":
+        return 0.0, 0.0, 0.0
+    att = attention_parts(card)
+    width = (att["core_qk"] + att["core_v"]) / 2 if card.mla else card.kv_hidden
+    if stack.cp_kv_width == "query":
+        width = att["core_qk"]
+    gbs, latency = node_link(hw, spans_nodes=job.cp * job.tp > hw.gpus_per_node)
+    got = gathered_attention(s=job.seq, b=job.mbs, h_kv=int(width), cp=job.cp, tp=job.tp,
+                             link_gbs=gbs * stack.allgather_efficiency,
+                             latency_us=latency)  # fmt: skip
+    return 1e3 * got.forward_exposed_s, 1e3 * got.backward_exposed_s, got.backward_buffer_bytes
 
 
 def host_bound(t_f: float, t_b: float, t_w: float, a2a: float, host: float

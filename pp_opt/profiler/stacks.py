@@ -18,6 +18,7 @@ from typing import Any
 from pp_opt.card_files import card_names, card_text
 from pp_opt.errors import ProblemError
 from pp_opt.job import DEFAULTS, DISPATCHERS, Job, check_ac
+from pp_opt.profiler.context_parallel import CP_ATTENTION
 
 PREFIX = "stack-"
 """Bundled stack cards are ``models/stack-<name>.toml``."""
@@ -76,6 +77,11 @@ class StackCard:
     """The last pipeline stage keeps every microbatch's output (bf16 logits) to the step's end
     (torch pipelining's ``output_chunks``, of Dec 2024); False: the trainer asks for no
     outputs (torchtitan 0.3.0 ``trainer.py``: ``step(..., return_outputs=False)``)."""
+    loss_chunks: int = 1
+    """The sequence chunks the loss runs in, each chunk's output layer, loss and backward
+    inside the last stage's F (torchtitan 0.3.0's ``ChunkedLossWrapper``: 8); 1: the whole
+    microbatch's loss after the output layer, its backward in B
+    (:mod:`pp_opt.profiler.loss`)."""
     memory_report: str = "reserved"
     """What its published memory means: ``reserved`` (torchtitan) or ``allocated``
     (Megatron-Core, NeMo: ``max allocated``)."""
@@ -86,6 +92,11 @@ class StackCard:
     ac_modes: tuple[str, ...] = ("none", "selective_op", "full")
     """The activation checkpointing modes it runs, which a plan searches when ``ac`` is not
     pinned (torchtitan 0.3.0: none, ``SelectiveAC``'s op policy and ``FullAC``)."""
+    cp_attention: str = "ring"
+    """How attention runs under context parallelism
+    (:data:`pp_opt.profiler.context_parallel.CP_ATTENTION`): ``ring`` (torch's SDPA ring,
+    torchtitan 9dec370) or ``gathered`` (keys and values all-gathered before one kernel,
+    torchtitan 0.3.0's FlexAttention)."""
     cp_kv_width: str = "kv"
     """What context parallelism's ring passes around: ``kv`` the key/value heads, ``query``
     the query heads (torchtitan: torch's ring gets SDPA's inputs after ``repeat_kv``)."""
@@ -121,6 +132,11 @@ class StackCard:
             raise ProblemError("stack.optimizer", "use fsdp or distributed")
         if self.memory_report not in ("reserved", "allocated"):
             raise ProblemError("stack.memory_report", "use reserved or allocated")
+        chunks = self.loss_chunks
+        if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+            raise ProblemError("stack.loss_chunks", f"got {chunks!r}; give an integer >= 1")
+        if self.cp_attention not in CP_ATTENTION:
+            raise ProblemError("stack.cp_attention", f"use one of {', '.join(CP_ATTENTION)}")
         if self.cp_kv_width not in ("kv", "query"):
             raise ProblemError("stack.cp_kv_width", "use kv or query")
         for key in ("overlaps_pairs", "fsdp_holds_unsharded", "fsdp_always",
