@@ -219,3 +219,13 @@ def test_a_solved_prediction_splits_layers_evenly_or_else_as_torchtitan_does() -
     assert pp_opt.predict(model="llama2-7b", **common).config["layers"] == [8, 8, 8, 8]
     uneven = pp_opt.predict(model="zb-1.5b", **common).config["layers"]  # 22 layers
     assert uneven == list(default_layers(22, 4)) and sum(uneven) == 22
+
+
+def test_of_equal_schedules_the_solve_keeps_the_one_with_less_memory() -> None:
+    """One stage, four microbatches: every order has the same makespan, and 1F1B's holds one
+    microbatch where all-forwards-first holds four; the solve returns the lighter one."""
+    common = dict(model="llama3-8b", hardware="h100-80gb", gpus=64, global_batch=256,
+                  seq=8192, dp_shard=64, ac="selective_op", time_limit=5)  # fmt: skip
+    solved, classic = pp_opt.predict(**common), pp_opt.predict(**common, schedule="1F1B")
+    assert solved.step_time == pytest.approx(classic.step_time)
+    assert solved.peak_memory[0] == pytest.approx(classic.peak_memory[0])

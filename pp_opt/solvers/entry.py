@@ -22,6 +22,7 @@ from pp_opt.arguments import check_solve
 from pp_opt.bounds import check_caps, lower_bound
 from pp_opt.dag import dag_for, op_count
 from pp_opt.errors import ProblemError, TimeLimitError
+from pp_opt.metrics import peak_memory
 from pp_opt.problem import OBJECTIVES, Problem
 from pp_opt.schedule import Schedule, SolverInfo, Status
 from pp_opt.solvers.base import (
@@ -246,9 +247,12 @@ def _backend_phase(
 def _better(
     found: Schedule | None, warm: Warm, solver: str, status: Status, time_limit: float
 ) -> Schedule:
-    """The backend's schedule, or the warm start where that is better or nothing was found;
-    raises :class:`TimeLimitError` when there is neither."""
-    if warm is not None and (found is None or _value(warm[1]) < _value(found) - 1e-9):
+    """The backend's schedule, or the warm start where that is better, as good with less
+    memory on its fullest device, or nothing was found; raises :class:`TimeLimitError` when
+    there is neither."""
+    if warm is not None and (
+        found is None or _value(warm[1]) < _value(found) - 1e-9 or _lighter(warm[1], found)
+    ):
         return warm[1]
     if found is None:
         raise TimeLimitError(
@@ -256,6 +260,16 @@ def _better(
             f"{solver} found no schedule in {time_limit:g} s ({status}); raise it",
         )
     return found
+
+
+def _lighter(a: Schedule, b: Schedule) -> bool:
+    """``a`` ties ``b``'s objective with a lower peak on its fullest device: of two equal
+    schedules the one that leaves memory free is the one to run."""
+    tie = 1e-9 * max(1.0, abs(_value(b)))
+    if abs(_value(a) - _value(b)) > tie:
+        return False
+    peak_a, peak_b = max(peak_memory(a.problem, a.ops)), max(peak_memory(b.problem, b.ops))
+    return peak_a < peak_b - 1e-9 * max(1.0, abs(peak_b))
 
 
 def _search_phase(

@@ -60,7 +60,8 @@ def candidates(
     deadline: float | None = None,
     names: Collection[str] | None = None,
 ) -> list[Candidate]:
-    """Warm starts of ``problem``, best objective first (ties in registry order).
+    """Warm starts of ``problem``, best objective first (ties: the lower peak memory, then
+    registry order).
 
     Parameters
     ----------
@@ -97,8 +98,15 @@ def candidates(
     _add_generated(found, entries, problem, fraction=fraction, deadline=deadline, large=large)
     if problem.offload:
         _add_offloaded(found, entries, problem, fractions, fraction=fraction, deadline=deadline)
-    found.sort(key=lambda item: (item[0], item[1]))
+    found.sort(key=_best_first)
     return [candidate for _, _, candidate in found]
+
+
+def _best_first(item: tuple[float, int, Candidate]) -> tuple[float, float, int]:
+    """Objective first; of equal ones (to 12 digits: sums in another order round apart) the
+    one with the lower peak on its fullest device, then registry order."""
+    objective, rank, candidate = item
+    return float(f"{objective:.12g}"), max(candidate.schedule.metrics.peak_memory), rank
 
 
 def _add_generated(
