@@ -22,7 +22,6 @@ from pp_opt.arguments import check_solve
 from pp_opt.bounds import check_caps, lower_bound
 from pp_opt.dag import dag_for, op_count
 from pp_opt.errors import ProblemError, TimeLimitError
-from pp_opt.metrics import peak_memory
 from pp_opt.problem import OBJECTIVES, Problem
 from pp_opt.schedule import Schedule, SolverInfo, Status
 from pp_opt.solvers.base import (
@@ -268,7 +267,7 @@ def _lighter(a: Schedule, b: Schedule) -> bool:
     tie = 1e-9 * max(1.0, abs(_value(b)))
     if abs(_value(a) - _value(b)) > tie:
         return False
-    peak_a, peak_b = max(peak_memory(a.problem, a.ops)), max(peak_memory(b.problem, b.ops))
+    peak_a, peak_b = max(a.metrics.peak_memory), max(b.metrics.peak_memory)
     return peak_a < peak_b - 1e-9 * max(1.0, abs(peak_b))
 
 
